@@ -1,0 +1,243 @@
+"""Typed schema behind every YAML under conf/.
+
+The dataclasses are registered in Hydra's ConfigStore (see `store.py`), so a misspelt key or a
+value of the wrong type fails at composition. Choices (tracks, backends, formats) are plain
+strings checked by `validate.py`, which reports every bad value at once instead of stopping at
+the first, as an Enum would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class PathsConfig:
+    """Artifact locations. Relative paths are taken relative to the directory you run from."""
+
+    root: str = "${eagle3_project_root:}/outputs"
+    hf_cache: Optional[str] = None
+
+
+@dataclass
+class DraftGeometryConfig:
+    """Shape of the EAGLE-3 draft; unset fields follow the target.
+
+    `fc_in_features` is written out explicitly in model configs because it is the number a
+    serving engine checks against the captured states: it must be len(capture_layers) * hidden.
+    """
+
+    vocab_size: int = 32000
+    hidden_size: Optional[int] = None
+    fc_in_features: Optional[int] = None
+    num_attention_heads: Optional[int] = None
+    num_key_value_heads: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    num_layers: int = 1
+
+
+@dataclass
+class ModelConfig:
+    """The target model and the draft geometry derived from it."""
+
+    name: str = MISSING
+    path: str = MISSING  # hub id or local directory
+    revision: Optional[str] = None
+    trust_remote_code: bool = False
+    dtype: str = "bfloat16"
+    architecture: str = "llama"  # llama | deepseek_v3
+    # Multimodal wrappers (Kimi-K2.5) nest the language model's config under this key.
+    text_config_key: Optional[str] = None
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    vocab_size: int = MISSING
+    # Capture index i = residual stream entering decoder layer i = HF hidden_states[i].
+    capture_layers: List[int] = MISSING
+    # Template used for training renders (keeps reasoning on every assistant turn); None = the
+    # tokenizer's own.
+    training_chat_template: Optional[str] = None
+    reasoning_parser: Optional[str] = None
+    tool_call_parser: Optional[str] = None
+    thinking: bool = True
+    draft: DraftGeometryConfig = field(default_factory=DraftGeometryConfig)
+
+
+@dataclass
+class DatasetSourceConfig:
+    """One raw dataset: where it comes from, its schema, and which track it belongs to."""
+
+    track: str = MISSING  # target_native | prompt_only
+    schema: str = MISSING  # see validate.DATASET_SCHEMAS
+    hub_id: Optional[str] = None
+    subset: Optional[str] = None
+    split: str = "train"
+    data_files: Optional[List[str]] = None  # local json / jsonl / parquet
+    generator: Optional[str] = None  # demo_native | demo_prompts (built in the package)
+    num_samples: Optional[int] = None  # None = all
+    weight: float = 1.0  # mixture weight (merge stage)
+    streaming: bool = False
+    # Adapter column names, for schemas whose columns vary between releases.
+    columns: Dict[str, str] = field(default_factory=dict)
+    # Thinking mode used when regenerating this source's responses (prompt_only track).
+    thinking: bool = True
+    description: str = ""
+
+
+@dataclass
+class DatasetConfig:
+    """A named mixture of sources (a single dataset is a mixture of one)."""
+
+    name: str = MISSING
+    sources: Dict[str, DatasetSourceConfig] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """Knobs shared by the data stages."""
+
+    scale: Optional[int] = None  # total training samples after merge; None = everything
+    eval_size: int = 200
+    max_len: int = 2048
+    seed: int = 0
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative-decoding settings of a serving engine (SGLang spelling of the algorithm)."""
+
+    algorithm: Optional[str] = None  # None = speculation off | EAGLE3 | EAGLE
+    draft_path: Optional[str] = None  # None = the draft this pipeline exports
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+    # Capture layers of the draft in HF numbering; None = model.capture_layers. The launcher
+    # writes them per engine (SGLang: capture-1; vLLM: as is).
+    capture_layers: Optional[List[int]] = None
+    draft_quantization: Optional[str] = None  # SGLang: unquant keeps the draft in bf16
+    attention_mode: Optional[str] = None  # SGLang: prefill | decode
+
+
+@dataclass
+class KernelBackendsConfig:
+    """SGLang kernel choices; on sm120 several of these do not run (validate.SM120_UNSUPPORTED)."""
+
+    attention_backend: Optional[str] = None
+    prefill_attention_backend: Optional[str] = None
+    decode_attention_backend: Optional[str] = None
+    draft_attention_backend: Optional[str] = None
+    moe_runner_backend: Optional[str] = None
+
+
+@dataclass
+class ServerConfig:
+    """The engine that serves the target (and draft): in-process HF or an HTTP server."""
+
+    backend: str = "hf"  # hf | sglang | vllm
+    profile: str = "generic"  # generic | sm120 | h200
+    python: str = "python"  # interpreter of the server's own environment
+    host: str = "127.0.0.1"
+    port: int = 30000
+    urls: List[str] = field(default_factory=list)  # connect to running servers instead
+    tp: int = 1
+    dp: int = 1
+    dtype: str = "auto"
+    context_length: Optional[int] = None
+    mem_fraction_static: Optional[float] = None
+    reasoning_parser: Optional[str] = None
+    tool_call_parser: Optional[str] = None
+    trust_remote_code: bool = False
+    startup_timeout_s: float = 1800.0
+    kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    env: Dict[str, str] = field(default_factory=dict)
+    extra_args: List[str] = field(default_factory=list)
+
+
+@dataclass
+class ExtractConfig:
+    """Hidden-state extraction into the store."""
+
+    backend: str = "hf"
+    storage_format: str = "bf16"  # bf16 | fp8
+    batch_tokens: int = 8192
+    shard: int = 0
+    num_shards: int = 1
+    disk_margin_gb: float = 5.0
+    device_map: Optional[str] = None  # e.g. "auto" for multi-GPU
+
+
+@dataclass
+class OptimizerConfig:
+    """Instantiated with hydra.utils.instantiate (swap the class via _target_)."""
+
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 3e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    """Draft training (Lightning) with the training-time test."""
+
+    ttt_steps: int = 7
+    ttt_decay: float = 0.8
+    # What to do with positions whose target argmax is outside the draft vocab.
+    out_of_vocab: str = "mask"  # mask | keep
+    max_epochs: int = 1
+    max_steps: int = -1
+    batch_tokens: int = 8192
+    warmup_ratio: float = 0.03
+    grad_clip: float = 1.0
+    precision: str = "auto"  # auto = bf16-mixed on GPU, 32-true on CPU
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"  # auto | ddp | fsdp
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+
+@dataclass
+class Eagle3Config:
+    """The whole composed config; `stage` picks what `scripts/run.py` runs."""
+
+    stage: str = "all"
+    force: bool = False  # redo stages whose outputs are already complete
+    seed: int = 0
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    # Lightning logger, instantiated from its _target_; typed by the per-option schemas in
+    # store.py (None = no logger).
+    logger: Any = None
+
+
+@dataclass
+class WandbLoggerConfig:
+    """Weights & Biases through Lightning. Offline unless WANDB_API_KEY is set in the
+    environment; the key itself never appears in a config."""
+
+    _target_: str = "lightning.pytorch.loggers.WandbLogger"
+    project: str = "eagle3"
+    entity: Optional[str] = None
+    name: Optional[str] = None
+    group: Optional[str] = None  # sweeps set this so their jobs group together
+    tags: List[str] = field(default_factory=list)
+    offline: bool = True
+    save_dir: str = "${paths.root}/logs"
+    log_model: bool = False
+
+
+@dataclass
+class CSVLoggerConfig:
+    """Plain CSV metrics beside the run (always available, no account)."""
+
+    _target_: str = "lightning.pytorch.loggers.CSVLogger"
+    save_dir: str = "${paths.root}/logs"
+    name: str = "csv"

@@ -1,0 +1,311 @@
+"""Cross-field rules checked before any stage does work.
+
+Each rule appends one line `key: bad value -- why; valid: ...` so a user sees every mistake in
+one run. The rules encode the failures that cost real projects weeks (FACTS.md): an EAGLE
+server flag with an EAGLE-3 draft, capture ids off by one or out of range, an fc layer whose
+input width does not match the captured states, kernels that do not exist on sm120.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+TRACKS = ("target_native", "prompt_only")
+DATASET_SCHEMAS = (
+    "openai_messages",  # UltraChat, Nemotron, demo_native
+    "sharegpt",  # ShareGPT, perfectblend, OpenThoughts, demo_prompts
+    "opencodeinstruct",
+    "problem_solution",  # crownelius/KimiK2.5-2000x (columns configurable)
+    "glaive_function_calling",
+    "deepswe_trajectories",  # Kimi-K2 agent trajectories, inline tool text kept
+)
+GENERATORS = ("demo_native", "demo_prompts")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+ARCHITECTURES = ("llama", "deepseek_v3")
+SERVER_BACKENDS = ("hf", "sglang", "vllm")
+SERVER_PROFILES = ("generic", "sm120", "h200")
+SPEC_ALGORITHMS = ("EAGLE3", "EAGLE")
+# Kernels that fail with "Unsupported architecture" on sm120 (RTX PRO 6000 / RTX 50xx).
+SM120_UNSUPPORTED = ("fa3", "trtllm_mla", "trtllm_mha", "flashmla", "deepgemm", "deep_gemm")
+SM120_MAX_MEM_FRACTION = 0.85
+STORAGE_FORMATS = ("bf16", "fp8")
+EXTRACT_BACKENDS = ("hf",)
+OUT_OF_VOCAB_POLICIES = ("mask", "keep")
+STRATEGIES = ("auto", "ddp", "fsdp")
+PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+SECRET_KEY_RE = re.compile(r"(^|_)(api_?key|token|access_token|password|secret)$")
+
+
+class ConfigError(Exception):
+    """Raised with every validation error of a config; `errors` holds one line each."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, (DictConfig,)) or OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=False)
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, key: str, value: Any, why: str, valid: Optional[str] = None) -> None:
+        line = f"{key}: {_fmt(value)} -- {why}"
+        if valid:
+            line += f"; valid: {valid}"
+        self.lines.append(line)
+
+    def choice(self, key: str, value: Any, choices: Iterable[Any], allow_none: bool = False) -> None:
+        choices = tuple(choices)
+        if value is None and allow_none:
+            return
+        if value not in choices:
+            valid = ", ".join(str(c) for c in choices) + (", null" if allow_none else "")
+            self.add(key, value, "not a known choice", valid)
+
+    def positive(self, key: str, value: Any, allow_none: bool = False) -> None:
+        if value is None and allow_none:
+            return
+        if value is None or value <= 0:
+            self.add(key, value, "must be a positive number", "> 0")
+
+
+def read_model_config(path: str | Path, text_config_key: Optional[str]) -> Optional[dict]:
+    """The language model's HF config from a local checkpoint, or None for a hub id.
+
+    Multimodal wrappers such as Kimi-K2.5 keep the text model under `text_config`; we fall back
+    to it so layer counts and widths come from the model that is actually captured.
+    """
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return None
+    outer = json.loads(config_file.read_text())
+    inner = outer.get(text_config_key or "text_config") if isinstance(outer, dict) else None
+    merged = dict(outer)
+    if isinstance(inner, dict):
+        merged.update(inner)
+    return merged
+
+
+def draft_kind(draft_path: Optional[str]) -> Optional[str]:
+    """'eagle3', 'eagle' or None (unknown) for a draft checkpoint.
+
+    None as a path means the draft this pipeline exports, which is always EAGLE-3.
+    """
+    if draft_path is None:
+        return "eagle3"
+    config_file = Path(draft_path) / "config.json"
+    if config_file.is_file():
+        archs = json.loads(config_file.read_text()).get("architectures") or []
+        if any("eagle3" in a.lower() for a in archs):
+            return "eagle3"
+        if any("eagle" in a.lower() for a in archs):
+            return "eagle"
+        return None
+    return "eagle3" if "eagle3" in str(draft_path).lower().replace("-", "") else None
+
+
+def _check_model(model: DictConfig, err: _Errors) -> None:
+    err.choice("model.dtype", model.dtype, MODEL_DTYPES)
+    err.choice("model.architecture", model.architecture, ARCHITECTURES)
+    err.positive("model.num_layers", model.num_layers)
+    err.positive("model.hidden_size", model.hidden_size)
+    err.positive("model.vocab_size", model.vocab_size)
+    layers = list(model.capture_layers)
+    n_layers = model.num_layers
+    if not layers:
+        err.add("model.capture_layers", layers, "needs at least one layer",
+                f"ids in [0, {n_layers - 1}], e.g. [2, {n_layers // 2}, {n_layers - 3}]")
+    for layer in layers:
+        if not 0 <= layer < n_layers:
+            err.add("model.capture_layers", layers,
+                    f"layer {layer} is out of range for a {n_layers}-layer model "
+                    "(capture i = the residual stream entering decoder layer i)",
+                    f"ids in [0, {n_layers - 1}], e.g. [2, {n_layers // 2}, {n_layers - 3}]")
+    if layers != sorted(set(layers)):
+        err.add("model.capture_layers", layers, "must be strictly increasing without repeats")
+
+    draft = model.draft
+    draft_hidden = draft.hidden_size if draft.hidden_size is not None else model.hidden_size
+    if draft.fc_in_features is not None and layers:
+        expected = len(layers) * draft_hidden
+        if draft.fc_in_features != expected:
+            err.add("model.draft.fc_in_features", draft.fc_in_features,
+                    f"the draft's fc reads len(capture_layers) x hidden = {len(layers)} x "
+                    f"{draft_hidden} = {expected} features", str(expected))
+    err.positive("model.draft.vocab_size", draft.vocab_size)
+    if draft.vocab_size > model.vocab_size:
+        err.add("model.draft.vocab_size", draft.vocab_size,
+                f"larger than the target vocab ({model.vocab_size})", f"<= {model.vocab_size}")
+    if draft.num_layers != 1:
+        err.add("model.draft.num_layers", draft.num_layers,
+                "EAGLE-3 drafts served by SGLang/vLLM have one decoder layer", "1")
+
+    template = model.training_chat_template
+    if template is not None and not Path(template).is_file():
+        err.add("model.training_chat_template", template, "file not found",
+                "a path to a .jinja file or null")
+
+    hf_config = read_model_config(model.path, model.text_config_key)
+    if hf_config is not None:
+        for key, hf_key in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
+                            ("vocab_size", "vocab_size")):
+            actual = hf_config.get(hf_key)
+            if actual is not None and actual != model[key]:
+                err.add(f"model.{key}", model[key],
+                        f"{model.path}/config.json says {hf_key}={actual}", str(actual))
+        if hf_config.get("auto_map") and not model.trust_remote_code:
+            err.add("model.trust_remote_code", False,
+                    f"{model.path}/config.json needs custom code (auto_map)",
+                    "true, if you trust that code")
+
+
+def _check_dataset(dataset: DictConfig, err: _Errors) -> None:
+    if not dataset.sources:
+        err.add("dataset.sources", {}, "a dataset needs at least one source",
+                "e.g. dataset=demo or dataset=kimi_native")
+    for name, src in dataset.sources.items():
+        key = f"dataset.sources.{name}"
+        err.choice(f"{key}.track", src.track, TRACKS)
+        err.choice(f"{key}.schema", src.schema, DATASET_SCHEMAS)
+        origins = [k for k in ("hub_id", "data_files", "generator") if src[k]]
+        if len(origins) != 1:
+            err.add(key, origins, "needs exactly one origin",
+                    "one of hub_id, data_files, generator")
+        if src.generator is not None:
+            err.choice(f"{key}.generator", src.generator, GENERATORS)
+        for path in src.data_files or []:
+            if not Path(path).exists():
+                err.add(f"{key}.data_files", path, "file not found", "local json/jsonl/parquet files")
+        err.positive(f"{key}.num_samples", src.num_samples, allow_none=True)
+        if src.weight < 0:
+            err.add(f"{key}.weight", src.weight, "mixture weights cannot be negative", ">= 0")
+
+
+def _check_server(server: DictConfig, model: DictConfig, err: _Errors) -> None:
+    err.choice("server.backend", server.backend, SERVER_BACKENDS)
+    err.choice("server.profile", server.profile, SERVER_PROFILES)
+    try:
+        loopback = server.host == "localhost" or ipaddress.ip_address(server.host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        err.add("server.host", server.host, "servers this project launches bind loopback only",
+                "127.0.0.1, ::1 or localhost")
+    if not 0 < server.port < 65536:
+        err.add("server.port", server.port, "not a TCP port", "1-65535")
+    err.positive("server.tp", server.tp)
+    err.positive("server.dp", server.dp)
+    for url in server.urls:
+        if not str(url).startswith(("http://", "https://")):
+            err.add("server.urls", url, "not an HTTP endpoint", "http://HOST:PORT")
+
+    spec = server.speculative
+    err.choice("server.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
+    if spec.algorithm == "EAGLE" and draft_kind(spec.draft_path) == "eagle3":
+        err.add("server.speculative.algorithm", "EAGLE",
+                "the draft is EAGLE-3: with EAGLE the server feeds it the final hidden state "
+                "instead of the 3 captured layers, the fc fusion layer is bypassed and accept "
+                "length collapses to ~1.0", "EAGLE3")
+    if spec.algorithm is not None:
+        err.positive("server.speculative.num_steps", spec.num_steps)
+        err.positive("server.speculative.eagle_topk", spec.eagle_topk)
+        if spec.eagle_topk == 1 and spec.num_draft_tokens != spec.num_steps + 1:
+            err.add("server.speculative.num_draft_tokens", spec.num_draft_tokens,
+                    f"a chain draft (eagle_topk=1) of {spec.num_steps} steps verifies "
+                    f"num_steps+1 tokens", str(spec.num_steps + 1))
+    if spec.capture_layers is not None and list(spec.capture_layers) != list(model.capture_layers):
+        err.add("server.speculative.capture_layers", list(spec.capture_layers),
+                f"differs from model.capture_layers {list(model.capture_layers)}, "
+                "which the draft was trained on", str(list(model.capture_layers)))
+
+    if server.profile == "sm120":
+        for field_name, value in server.kernels.items():
+            if value is not None and str(value).lower() in SM120_UNSUPPORTED:
+                err.add(f"server.kernels.{field_name}", value,
+                        "does not run on sm120 (Unsupported architecture)",
+                        "triton, flashinfer (MHA)")
+        if server.env.get("SGL_ENABLE_JIT_DEEPGEMM") != "0":
+            err.add("server.env.SGL_ENABLE_JIT_DEEPGEMM", server.env.get("SGL_ENABLE_JIT_DEEPGEMM"),
+                    "DeepGEMM does not run on sm120; the JIT must be switched off", "'0'")
+        if server.mem_fraction_static is not None and server.mem_fraction_static > SM120_MAX_MEM_FRACTION:
+            err.add("server.mem_fraction_static", server.mem_fraction_static,
+                    "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
+
+
+def _check_stages(cfg: DictConfig, err: _Errors) -> None:
+    ex = cfg.extract
+    err.choice("extract.backend", ex.backend, EXTRACT_BACKENDS)
+    err.choice("extract.storage_format", ex.storage_format, STORAGE_FORMATS)
+    err.positive("extract.batch_tokens", ex.batch_tokens)
+    err.positive("extract.num_shards", ex.num_shards)
+    if not 0 <= ex.shard < max(ex.num_shards, 1):
+        err.add("extract.shard", ex.shard, f"out of range for num_shards={ex.num_shards}",
+                f"0..{ex.num_shards - 1}")
+    if ex.disk_margin_gb < 0:
+        err.add("extract.disk_margin_gb", ex.disk_margin_gb, "cannot be negative", ">= 0")
+
+    tr = cfg.train
+    err.positive("train.ttt_steps", tr.ttt_steps)
+    if not 0 < tr.ttt_decay <= 1:
+        err.add("train.ttt_decay", tr.ttt_decay, "weights decay^k must shrink or stay", "(0, 1]")
+    err.choice("train.out_of_vocab", tr.out_of_vocab, OUT_OF_VOCAB_POLICIES)
+    err.choice("train.strategy", tr.strategy, STRATEGIES)
+    err.choice("train.precision", tr.precision, PRECISIONS)
+    err.positive("train.batch_tokens", tr.batch_tokens)
+    if not 0 <= tr.warmup_ratio < 1:
+        err.add("train.warmup_ratio", tr.warmup_ratio, "a fraction of the steps", "[0, 1)")
+    if tr.grad_clip < 0:
+        err.add("train.grad_clip", tr.grad_clip, "cannot be negative", ">= 0 (0 = off)")
+
+    data = cfg.data
+    err.positive("data.scale", data.scale, allow_none=True)
+    err.positive("data.max_len", data.max_len)
+    if data.eval_size < 0:
+        err.add("data.eval_size", data.eval_size, "cannot be negative", ">= 0")
+
+
+def _check_secrets(node: Any, key: str, err: _Errors) -> None:
+    """Secrets belong in the environment (WANDB_API_KEY, HF_TOKEN), never in configs or logs."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            child = f"{key}.{k}" if key else str(k)
+            lowered = str(k).lower()
+            if SECRET_KEY_RE.search(lowered) and isinstance(v, str) and v:
+                err.add(child, "<redacted>", "secrets must not be written in a config",
+                        "set WANDB_API_KEY / HF_TOKEN in the environment")
+            else:
+                _check_secrets(v, child, err)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_secrets(v, f"{key}[{i}]", err)
+
+
+def validate_config(cfg: DictConfig, stages: Iterable[str]) -> list[str]:
+    """All rule violations of a composed config, one line each (empty = valid)."""
+    err = _Errors()
+    stages = tuple(stages)
+    if cfg.stage not in stages:
+        err.add("stage", cfg.stage, "not a registered stage", ", ".join(stages))
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:  # an interpolation that cannot resolve: report, keep checking
+        err.add("config", "<interpolation>", f"cannot be resolved: {exc}".splitlines()[0])
+        plain = OmegaConf.to_container(cfg, resolve=False)
+    _check_secrets(plain, "", err)
+    _check_model(cfg.model, err)
+    _check_dataset(cfg.dataset, err)
+    _check_server(cfg.server, cfg.model, err)
+    _check_stages(cfg, err)
+    return err.lines

@@ -1,0 +1,45 @@
+"""Shared helpers: compose configs the way the entrypoint does, and run the entrypoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+import eagle3.config  # noqa: F401  (registers schema + resolvers)
+from eagle3.paths import CONF_DIR, PROJECT_ROOT
+
+RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
+
+
+def compose_config(overrides: list[str] | None = None) -> DictConfig:
+    """Compose conf/config.yaml with overrides, exactly as scripts/run.py would."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides or [])
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run scripts/run.py in a subprocess from `cwd` (tests use a foreign cwd on purpose)."""
+    env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, str(RUN_PY), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run the entrypoint from an unrelated directory with artifacts under tmp_path."""
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+
+    def _run(*args: str, root: Path | None = None) -> subprocess.CompletedProcess:
+        root_arg = [f"paths.root={root or tmp_path / 'artifacts'}"]
+        return run_cli([*args, *root_arg], cwd=workdir)
+
+    return _run

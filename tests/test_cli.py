@@ -1,0 +1,84 @@
+"""The entrypoint: exit codes, error text, config printing, stage runs and a multirun sweep."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3.artifacts import Manifest, read_jsonl
+
+
+def test_unknown_stage_exits_2_listing_valid_stages(cli):
+    result = cli("stage=nope")
+    assert result.returncode == 2
+    assert "stage: 'nope' -- not a registered stage; valid: all, demo_data" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_all_errors_at_once_one_line_each(cli):
+    result = cli("stage=nope", "model=kimi_k25", "model.draft.fc_in_features=7168",
+                 "server=sglang_sm120", "server.kernels.attention_backend=fa3",
+                 "server.speculative.algorithm=EAGLE")
+    assert result.returncode == 2
+    lines = [line.strip() for line in result.stderr.splitlines() if line.startswith("  ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "stage", "model.draft.fc_in_features", "server.speculative.algorithm",
+        "server.kernels.attention_backend",
+    ]
+    assert result.stderr.splitlines()[0] == "eagle3: config has 4 errors:"
+    assert "Traceback" not in result.stderr
+
+
+def test_cfg_job_prints_composed_config(cli):
+    result = cli("--cfg", "job", "model=kimi_k25")
+    assert result.returncode == 0
+    assert "name: kimi_k25" in result.stdout and "capture_layers:" in result.stdout
+
+
+@pytest.mark.slow
+def test_demo_data_stage_writes_manifest_and_skips_when_complete(cli, tmp_path):
+    root = tmp_path / "artifacts"
+    args = ("stage=demo_data", "dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=40")
+    first = cli(*args, root=root)
+    assert first.returncode == 0, first.stderr
+    [unit] = list((root / "demo_data").iterdir())
+    assert unit.name.startswith("demo_prompts-")
+    manifest = Manifest.load(unit)
+    assert manifest.status == "complete"
+    assert manifest.counts["in"] == 40
+    assert manifest.counts["out"] + sum(manifest.counts["rejected"].values()) == 40
+    rows = list(read_jsonl(unit / "data.jsonl"))
+    assert len(rows) == manifest.counts["out"]
+    assert all({"id", "conversations"} <= set(r) for r in rows)
+    assert "[demo_data] demo_prompts" in first.stderr + first.stdout  # the one-line summary
+    assert str(root) in first.stderr + first.stdout  # tells the user where artifacts are
+
+    before = (unit / "data.jsonl").stat().st_mtime_ns
+    second = cli(*args, root=root)
+    assert second.returncode == 0
+    assert "complete, reusing" in second.stderr + second.stdout
+    assert (unit / "data.jsonl").stat().st_mtime_ns == before
+
+    forced = cli(*args, "force=true", root=root)
+    assert forced.returncode == 0
+    assert (unit / "data.jsonl").stat().st_mtime_ns != before
+    assert json.loads((unit / "manifest.json").read_text())["counts"]["in"] == 40
+
+
+@pytest.mark.slow
+def test_multirun_sweep_runs_one_job_per_value(cli, tmp_path):
+    root = tmp_path / "artifacts"
+    result = cli("-m", "stage=demo_data", "dataset=demo_prompts",
+                 "dataset.sources.demo_prompts.num_samples=8,16", root=root)
+    assert result.returncode == 0, result.stderr
+    manifests = sorted((Manifest.load(d) for d in (root / "demo_data").iterdir()),
+                       key=lambda m: m.counts["in"])
+    assert [m.counts["in"] for m in manifests] == [8, 16]
+    sweep_dirs = list((root / "multirun").iterdir())
+    assert len(sweep_dirs) == 1
+    jobs = sorted(p.name for p in sweep_dirs[0].iterdir() if p.is_dir())
+    assert len(jobs) == 2 and jobs[0].startswith("0_") and jobs[1].startswith("1_")
+    # Nested: the 8-sample set is a prefix of the 16-sample set.
+    small, large = (list(read_jsonl(m.dir / "data.jsonl")) for m in manifests)
+    assert large[:8] == small

@@ -1,0 +1,202 @@
+"""Every YAML composes and validates; every validation rule fires with a useful message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import validate_config
+from eagle3.paths import CONF_DIR
+from eagle3.stages import stage_names
+from tests.conftest import compose_config
+
+GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
+
+
+def errors_for(overrides: list[str]) -> list[str]:
+    return validate_config(compose_config(overrides), stage_names())
+
+
+def test_conf_tree_has_the_expected_groups():
+    groups = {p.parent.name for p in GROUP_FILES}
+    assert {"dataset", "model", "server", "extract", "train", "logger", "paths", "experiment"} <= groups
+
+
+@pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: str(p.relative_to(CONF_DIR)))
+def test_every_config_file_composes_and_validates(path: Path):
+    group = str(path.parent.relative_to(CONF_DIR))
+    cfg = compose_config([f"{group}={path.stem}"])
+    assert validate_config(cfg, stage_names()) == []
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("#") and "Usage:" in path.read_text().splitlines()[1] or (
+        "Usage:" in path.read_text()
+    ), f"{path} must open with a comment saying what it is for and a command that uses it"
+
+
+def test_root_config_composes_with_demo_defaults():
+    cfg = compose_config()
+    assert validate_config(cfg, stage_names()) == []
+    assert cfg.model.name == "demo" and cfg.server.backend == "hf"
+    assert set(cfg.dataset.sources) == {"demo_native", "demo_prompts"}
+    assert Path(cfg.model.path).is_dir(), "the demo target is committed in the package"
+    assert Path(cfg.paths.root).is_absolute()
+
+
+def test_kimi_model_config_matches_the_published_geometry():
+    cfg = compose_config(["model=kimi_k25"])
+    m = cfg.model
+    assert (m.num_layers, m.hidden_size, m.vocab_size) == (61, 7168, 163840)
+    assert list(m.capture_layers) == [2, 30, 58]
+    assert m.draft.vocab_size == 32000 and m.draft.fc_in_features == 3 * 7168
+    assert m.trust_remote_code is True and m.text_config_key == "text_config"
+
+
+def test_kimi_native_composes_both_kimi_sets():
+    cfg = compose_config(["dataset=kimi_native"])
+    assert set(cfg.dataset.sources) == {"deepswe_kimi", "kimik25_2000x"}
+    assert {s.track for s in cfg.dataset.sources.values()} == {"target_native"}
+
+
+def test_plan_v4_experiment_is_the_original_setup():
+    cfg = compose_config(["experiment=plan_v4_100k"])
+    assert validate_config(cfg, stage_names()) == []
+    assert cfg.model.name == "kimi_k25" and cfg.server.profile == "sm120"
+    assert cfg.data.scale == 100000
+    tracks = {s.track for s in cfg.dataset.sources.values()}
+    assert tracks == {"target_native", "prompt_only"}
+
+
+def test_unknown_stage_lists_valid_stages():
+    errors = errors_for(["stage=nope"])
+    assert len(errors) == 1
+    assert errors[0].startswith("stage: 'nope'")
+    assert "valid: all, demo_data" in errors[0]
+
+
+def test_capture_layer_out_of_range():
+    errors = errors_for(["model.capture_layers=[2,4,8]"])
+    assert any(
+        e.startswith("model.capture_layers: [2, 4, 8]") and "layer 8 is out of range for a 8-layer model" in e
+        and "ids in [0, 7]" in e for e in errors
+    ), errors
+
+
+def test_kimi_capture_layer_out_of_range():
+    errors = errors_for(["model=kimi_k25", "model.capture_layers=[2,30,61]", "model.draft.fc_in_features=21504"])
+    assert any("layer 61 is out of range for a 61-layer model" in e and "[2, 30, 58]" in e for e in errors)
+
+
+def test_fc_input_must_match_captured_width():
+    errors = errors_for(["model=kimi_k25", "model.draft.fc_in_features=7168"])
+    assert errors == [
+        "model.draft.fc_in_features: 7168 -- the draft's fc reads len(capture_layers) x hidden = "
+        "3 x 7168 = 21504 features; valid: 21504"
+    ]
+
+
+def test_fc_input_follows_number_of_capture_layers():
+    # Four capture layers need a 4H fc; keeping the 3H value is the mistake the rule exists for.
+    errors = errors_for(["model=kimi_k25", "model.capture_layers=[2,20,40,58]"])
+    assert any("4 x 7168 = 28672" in e for e in errors)
+
+
+def test_draft_vocab_larger_than_target_vocab():
+    errors = errors_for(["model=kimi_k25", "model.draft.vocab_size=200000"])
+    assert errors == [
+        "model.draft.vocab_size: 200000 -- larger than the target vocab (163840); valid: <= 163840"
+    ]
+
+
+def test_eagle_algorithm_with_eagle3_draft_is_refused():
+    errors = errors_for(["server=sglang", "server.speculative.algorithm=EAGLE"])
+    assert len(errors) == 1
+    assert errors[0].startswith("server.speculative.algorithm: 'EAGLE'")
+    assert "fc fusion layer is bypassed" in errors[0] and errors[0].endswith("valid: EAGLE3")
+
+
+def test_eagle_algorithm_checked_against_draft_checkpoint(tmp_path):
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    errors = errors_for(["server=vllm", "server.speculative.algorithm=EAGLE",
+                         f"server.speculative.draft_path={draft}"])
+    assert any("the draft is EAGLE-3" in e for e in errors)
+    # An EAGLE(-1/2) checkpoint with EAGLE is fine.
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle"]}))
+    assert errors_for(["server=vllm", "server.speculative.algorithm=EAGLE",
+                       f"server.speculative.draft_path={draft}"]) == []
+
+
+@pytest.mark.parametrize("key,value", [
+    ("attention_backend", "fa3"),
+    ("attention_backend", "trtllm_mla"),
+    ("prefill_attention_backend", "trtllm_mha"),
+    ("decode_attention_backend", "flashmla"),
+    ("moe_runner_backend", "deep_gemm"),
+    ("moe_runner_backend", "deepgemm"),
+])
+def test_sm120_refuses_kernels_it_cannot_run(key, value):
+    errors = errors_for(["server=sglang_sm120", f"server.kernels.{key}={value}"])
+    assert errors == [
+        f"server.kernels.{key}: '{value}' -- does not run on sm120 (Unsupported architecture); "
+        "valid: triton, flashinfer (MHA)"
+    ]
+
+
+def test_same_kernel_is_fine_on_h200():
+    assert errors_for(["server=sglang_h200", "server.kernels.attention_backend=fa3"]) == []
+
+
+def test_sm120_requires_deepgemm_jit_off_and_sane_memory_fraction():
+    errors = errors_for(["server=sglang_sm120", "server.env.SGL_ENABLE_JIT_DEEPGEMM=1",
+                         "server.mem_fraction_static=0.9"])
+    assert len(errors) == 2
+    assert errors[0].startswith("server.env.SGL_ENABLE_JIT_DEEPGEMM: '1'")
+    assert errors[1].startswith("server.mem_fraction_static: 0.9")
+
+
+def test_chain_draft_token_count():
+    errors = errors_for(["server=sglang", "server.speculative.num_draft_tokens=3"])
+    assert errors == [
+        "server.speculative.num_draft_tokens: 3 -- a chain draft (eagle_topk=1) of 3 steps "
+        "verifies num_steps+1 tokens; valid: 4"
+    ]
+
+
+def test_server_must_bind_loopback():
+    errors = errors_for(["server=vllm", "server.host=0.0.0.0"])
+    assert errors == ["server.host: '0.0.0.0' -- servers this project launches bind loopback only; "
+                      "valid: 127.0.0.1, ::1 or localhost"]
+
+
+def test_model_geometry_checked_against_local_checkpoint():
+    errors = errors_for(["model.num_layers=12", "model.capture_layers=[2,6,9]",
+                         "model.draft.fc_in_features=768"])
+    assert any(e.startswith("model.num_layers: 12 -- ") and "num_hidden_layers=8" in e for e in errors)
+
+
+def test_dataset_source_rules():
+    errors = errors_for(["dataset.sources.demo_prompts.track=native",
+                         "dataset.sources.demo_prompts.schema=csv",
+                         "+dataset.sources.demo_prompts.hub_id=someone/set"])
+    assert "dataset.sources.demo_prompts.track: 'native' -- not a known choice; valid: target_native, prompt_only" in errors
+    assert any(e.startswith("dataset.sources.demo_prompts.schema: 'csv'") for e in errors)
+    assert any(e.startswith("dataset.sources.demo_prompts: ") and "exactly one origin" in e for e in errors)
+
+
+def test_secrets_in_config_are_refused_without_echoing_them():
+    errors = errors_for(["+server.env.WANDB_API_KEY=abc123", "+server.env.HF_TOKEN=hf_xyz"])
+    assert len(errors) == 2
+    assert all("<redacted>" in e and "environment" in e for e in errors)
+    assert not any("abc123" in e or "hf_xyz" in e for e in errors)
+
+
+def test_all_errors_are_reported_together():
+    errors = errors_for(["stage=nope", "model.capture_layers=[2,4,99]", "model.draft.vocab_size=99999",
+                         "train.ttt_decay=1.5", "extract.shard=3", "extract.storage_format=fp4"])
+    keys = [e.split(":")[0] for e in errors]
+    for key in ("stage", "model.capture_layers", "model.draft.vocab_size", "train.ttt_decay",
+                "extract.shard", "extract.storage_format"):
+        assert key in keys, (key, errors)
