@@ -11,11 +11,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from eagle3.config import validate_config
-from eagle3.stages import StageContext, stage_names, stages_to_run
+from eagle3.stages import MissingInput, StageContext, stage_names, stages_to_run
 
 log = logging.getLogger("eagle3")
 
 EXIT_CONFIG_ERROR = 2
+EXIT_MISSING_INPUT = 3
 
 
 def report_config_errors(errors: list[str]) -> None:
@@ -40,8 +41,12 @@ def run_job(cfg: DictConfig) -> int:
     outputs: list[Path] = []
     for stage in stages_to_run(cfg.stage):
         log.info("stage %s: %s", stage.name, stage.help)
-        for manifest in stage.run(cfg, ctx):
-            outputs.append(Path(manifest.dir))
+        try:
+            manifests = stage(cfg, ctx)
+        except MissingInput as exc:
+            print(f"eagle3: {exc}", file=sys.stderr)
+            return EXIT_MISSING_INPUT
+        outputs.extend(Path(m.dir) for m in manifests)
     log.info("done in %.1f s; artifacts under %s", time.perf_counter() - started, root)
     for out in outputs:
         log.info("  %s", out)

@@ -29,10 +29,14 @@ def test_every_config_file_composes_and_validates(path: Path):
     group = str(path.parent.relative_to(CONF_DIR))
     cfg = compose_config([f"{group}={path.stem}"])
     assert validate_config(cfg, stage_names()) == []
-    first_line = path.read_text().splitlines()[0]
-    assert first_line.startswith("#") and "Usage:" in path.read_text().splitlines()[1] or (
-        "Usage:" in path.read_text()
-    ), f"{path} must open with a comment saying what it is for and a command that uses it"
+    header = [line for line in path.read_text().splitlines()[:3] if not line.startswith("# @package")]
+    assert header[0].startswith("# ") and len(header[0]) > 20, f"{path}: first line must say what it is for"
+    assert header[1].startswith("# Usage: python scripts/run.py"), f"{path}: second line must show a command"
+
+
+def test_root_config_has_header():
+    lines = (CONF_DIR / "config.yaml").read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[1].startswith("# Usage: python scripts/run.py")
 
 
 def test_root_config_composes_with_demo_defaults():

@@ -105,6 +105,38 @@ class DataConfig:
 
 
 @dataclass
+class PrepConfig:
+    """Filters applied while mapping raw records to canonical conversations (stage prep)."""
+
+    min_user_turns: int = 1
+    max_user_turns: int = 64
+    max_chars: int = 200_000  # whole conversation, all message text
+    dedupe: bool = True  # by normalized prompt (all user turns)
+
+
+@dataclass
+class GenerateConfig:
+    """Regeneration of prompt-only conversations through the target (stage generate)."""
+
+    max_new_tokens: int = 1024
+    temperature: float = 0.6
+    top_p: float = 0.95
+    batch_size: int = 16
+    max_user_turns: int = 8  # user turns answered per conversation
+    # A response cut at max_new_tokens: keep it flagged (truncated=true) or drop the sample.
+    length_policy: str = "keep_flagged"  # keep_flagged | drop
+
+
+@dataclass
+class TokenizeConfig:
+    """Rendering with the (training) chat template and exact loss masks (stage tokenize)."""
+
+    overlength: str = "truncate"  # truncate | drop   (limit: data.max_len)
+    num_workers: int = 0  # 0 = one per CPU core
+    chunk_size: int = 64  # conversations per worker task
+
+
+@dataclass
 class SpeculativeConfig:
     """Speculative-decoding settings of a serving engine (SGLang spelling of the algorithm)."""
 
@@ -210,6 +242,9 @@ class Eagle3Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    prep: PrepConfig = field(default_factory=PrepConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

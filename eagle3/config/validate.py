@@ -35,11 +35,15 @@ SPEC_ALGORITHMS = ("EAGLE3", "EAGLE")
 SM120_UNSUPPORTED = ("fa3", "trtllm_mla", "trtllm_mha", "flashmla", "deepgemm", "deep_gemm")
 SM120_MAX_MEM_FRACTION = 0.85
 STORAGE_FORMATS = ("bf16", "fp8")
+LENGTH_POLICIES = ("keep_flagged", "drop")
+OVERLENGTH_POLICIES = ("truncate", "drop")
 EXTRACT_BACKENDS = ("hf",)
 OUT_OF_VOCAB_POLICIES = ("mask", "keep")
 STRATEGIES = ("auto", "ddp", "fsdp")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
-SECRET_KEY_RE = re.compile(r"(^|_)(api_?key|token|access_token|password|secret)$")
+SECRET_KEY_RE = re.compile(
+    r"^(token|secret|password)$|(api_?key|access_token|auth_token|hf_token|_password|_secret)$"
+)
 
 
 class ConfigError(Exception):
@@ -268,6 +272,29 @@ def _check_stages(cfg: DictConfig, err: _Errors) -> None:
         err.add("train.warmup_ratio", tr.warmup_ratio, "a fraction of the steps", "[0, 1)")
     if tr.grad_clip < 0:
         err.add("train.grad_clip", tr.grad_clip, "cannot be negative", ">= 0 (0 = off)")
+
+    prep = cfg.prep
+    err.positive("prep.min_user_turns", prep.min_user_turns)
+    if prep.max_user_turns < prep.min_user_turns:
+        err.add("prep.max_user_turns", prep.max_user_turns, "below prep.min_user_turns",
+                f">= {prep.min_user_turns}")
+    err.positive("prep.max_chars", prep.max_chars)
+
+    gen = cfg.generate
+    err.positive("generate.max_new_tokens", gen.max_new_tokens)
+    err.positive("generate.batch_size", gen.batch_size)
+    err.positive("generate.max_user_turns", gen.max_user_turns)
+    if gen.temperature < 0:
+        err.add("generate.temperature", gen.temperature, "cannot be negative", ">= 0 (0 = greedy)")
+    if not 0 < gen.top_p <= 1:
+        err.add("generate.top_p", gen.top_p, "a probability mass", "(0, 1]")
+    err.choice("generate.length_policy", gen.length_policy, LENGTH_POLICIES)
+
+    tok = cfg.tokenize
+    err.choice("tokenize.overlength", tok.overlength, OVERLENGTH_POLICIES)
+    if tok.num_workers < 0:
+        err.add("tokenize.num_workers", tok.num_workers, "cannot be negative", ">= 0 (0 = all cores)")
+    err.positive("tokenize.chunk_size", tok.chunk_size)
 
     data = cfg.data
     err.positive("data.scale", data.scale, allow_none=True)

@@ -1,0 +1,166 @@
+"""Atomic file writes: a reader sees either the old file, the complete new one, or nothing.
+
+Stages are killed (OOM, preemption, Ctrl-C, kill -9) and rerun. If a stage wrote its
+outputs in place, a rerun could find a half-written file under the final name and trust
+it. Every write therefore goes to a temporary file in the same directory (same filesystem,
+so the rename is atomic), is flushed and fsynced, and only then renamed over the target;
+the directory is fsynced so the rename itself survives a power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = [
+    "TMP_MARKER",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "file_sha256",
+    "fsync_dir",
+    "is_temp_name",
+    "temp_path_for",
+]
+
+#: Part of every temporary file name; a leftover with it is garbage from a killed writer.
+TMP_MARKER = ".tmp-"
+
+
+def temp_path_for(path: str | os.PathLike[str]) -> Path:
+    """Return a fresh temporary sibling of ``path``.
+
+    The name is hidden and says ``tmp`` so a human (and :func:`is_temp_name`) can tell a
+    leftover from a real artifact; pid and random bytes keep concurrent writers apart. The
+    target's suffix is repeated at the end because some writers (``numpy.save``) append
+    their own extension when it is missing, or pick a format from it.
+
+    Args:
+        path: The final path the temporary file will be renamed to.
+
+    Returns:
+        A path in the same directory that does not exist yet (with overwhelming odds).
+    """
+    path = Path(path)
+    return path.with_name(f".{path.name}{TMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}{path.suffix}")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name was produced by :func:`temp_path_for`.
+
+    Used to sweep away leftovers of killed writers, and to refuse to checksum them.
+    """
+    return name.startswith(".") and TMP_MARKER in name
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Flush a directory entry to disk so a rename or create inside it survives power loss.
+
+    Best effort: some platforms and filesystems cannot open or fsync a directory, and there
+    the rename is still atomic with respect to other processes, which is what a rerun needs.
+    """
+    try:
+        fd = os.open(os.fspath(directory), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` so that the target is never seen half-written.
+
+    Args:
+        path: Destination; its parent directory must exist.
+        data: The full new content.
+    """
+    path = Path(path)
+    tmp = temp_path_for(path)
+    # O_EXCL: never write through a file someone else created under our temp name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
+    """Text variant of :func:`atomic_write_bytes` (UTF-8 by default, no newline translation)."""
+    atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON with sorted keys and indent 2, ending in a newline.
+
+    Sorted keys and a fixed layout make the files diffable and byte-stable across runs, so
+    a checksum of a manifest or config changes only when its content does.
+    """
+    text = json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    atomic_write_text(path, text)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path for writers that insist on a filename, then rename it.
+
+    For ``safetensors.torch.save_file``, ``torch.save`` and the like, which cannot write to
+    a file object we control. On success the temporary file is fsynced and renamed over
+    ``path``; if the body raises, the temporary file is removed and ``path`` is untouched.
+
+    Args:
+        path: Final destination; its parent directory must exist.
+
+    Yields:
+        The temporary path to write to (not yet created).
+
+    Raises:
+        FileNotFoundError: If the body returned without creating the temporary file, which
+            would otherwise silently leave ``path`` stale.
+    """
+    path = Path(path)
+    tmp = temp_path_for(path)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"atomic_path: the writer did not create {tmp} (target {path})")
+        _fsync_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def file_sha256(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks so multi-GB shards do not load into memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(chunk_size)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,532 @@
+"""The output directory of one stage run for one named unit, and its lifecycle.
+
+``StageOutput.open`` turns the contract of DESIGN.md §3 into one call: the directory name
+carries a fingerprint of everything that affects the output (so configs never overwrite
+each other and identical work is found and skipped), a ``running`` manifest marks work in
+progress (so a crash is visible), writers resume by id, and ``finalize`` checksums the
+files, reconciles the counts and flips the manifest to ``complete`` atomically.
+
+Typical use in a stage::
+
+    out = StageOutput.open(root, "tokenize", ds_name, cfg_slice, inputs={"conversations": prep_dir})
+    if out.complete:
+        return out.manifest
+    records = out.records("tokenized_data.jsonl")
+    for conv in progress(read_jsonl(src), total=n, desc=f"tokenize {ds_name}"):
+        out.count_in()
+        if out.is_done(conv["id"]):
+            continue          # done by an earlier, killed run
+        try:
+            records.write(tokenize(conv))
+        except TooLong as exc:
+            out.reject(conv["id"], "too_long", str(exc))
+    log_summary(out.finalize())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping, TypeVar
+
+from eagle3.artifacts.atomic import file_sha256, is_temp_name
+from eagle3.artifacts.fingerprint import fingerprint, to_plain
+from eagle3.artifacts.manifest import (
+    MANIFEST_NAME,
+    STATUS_COMPLETE,
+    STATUS_RUNNING,
+    Manifest,
+    utc_now_iso,
+)
+from eagle3.artifacts.records import PARTIAL_SUFFIX, RecordWriter, RejectWriter
+
+try:  # POSIX advisory locks; elsewhere concurrent runs of one unit are not guarded.
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput", "log_summary", "progress"]
+
+logger = logging.getLogger("eagle3")
+
+#: Bump when the on-disk layout changes, so old outputs are not reused as if current.
+STAGE_FORMAT_VERSION = 1
+REJECTS_NAME = "rejects.jsonl"
+#: Folder under the artifact root holding one advisory lock file per unit directory.
+LOCKS_DIR = ".locks"
+_RESERVED = {MANIFEST_NAME, REJECTS_NAME}
+_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,\-]*$")
+T = TypeVar("T")
+
+
+def _check_component(kind: str, value: str) -> str:
+    # These become directory names, and force=True deletes such a directory: refuse
+    # anything that could escape the stage folder or hide as a dotfile.
+    if not isinstance(value, str) or not _COMPONENT.match(value) or len(value) > 150:
+        raise ValueError(
+            f"{kind} {value!r} is not a safe directory name: use letters, digits and _.+=@,- "
+            "(not starting with '.' or '-', at most 150 characters)"
+        )
+    return value
+
+
+def _resolve_input(key: str, value: Manifest | str | os.PathLike[str]) -> dict[str, Any]:
+    manifest = value if isinstance(value, Manifest) else Manifest.load(Path(value))
+    if manifest.status != STATUS_COMPLETE:
+        where = manifest.dir if manifest.dir is not None else f"{manifest.stage}/{manifest.name}"
+        raise ValueError(
+            f"input {key!r} ({where}) is not complete (status={manifest.status!r}); run its stage first"
+        )
+    return {"path": str(manifest.dir) if manifest.dir is not None else None, "fingerprint": manifest.fingerprint}
+
+
+def _stale_files(directory: Path) -> list[Path]:
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(directory):
+        found += [Path(dirpath) / f for f in filenames if is_temp_name(f)]
+    return found
+
+
+class StageOutput:
+    """One stage's output directory for one unit (e.g. one dataset), from open to finalize.
+
+    Counting contract (it is what makes counts survive a kill -9 and rerun): call
+    :meth:`count_in` for *every* input the run reads, including ones skipped because an
+    earlier run already handled them; ``out`` and ``rejected`` are then derived at
+    :meth:`finalize` from the record files (which hold earlier runs' work too) plus any
+    :meth:`count_out` / :meth:`count_reject` for outputs that are not JSONL records.
+
+    Attributes:
+        root: Root of all stage outputs.
+        stage: Stage name.
+        name: Unit name.
+        config: The config slice as plain data (what was fingerprinted).
+        inputs: Input name -> ``{"path", "fingerprint"}``.
+        fingerprint: The output fingerprint (suffix of the directory name).
+        dir: ``root / stage / f"{name}-{fingerprint}"``.
+        complete: True if a complete manifest was already there (skip the work) or after
+            :meth:`finalize`.
+        manifest: The existing complete manifest, or the one being built.
+    """
+
+    def __init__(self, *, root: Path, stage: str, name: str, config: dict[str, Any],
+                 inputs: dict[str, dict[str, Any]], fp: str) -> None:
+        """Use :meth:`open`; this only sets fields."""
+        self.root = root
+        self.stage = stage
+        self.name = name
+        self.config = config
+        self.inputs = inputs
+        self.fingerprint = fp
+        self.dir = root / stage / f"{name}-{fp}"
+        self.complete = False
+        self.manifest: Manifest
+        self._lock_fd: int | None = None
+        self._writers: dict[str, tuple[RecordWriter, bool]] = {}
+        self._rejects: RejectWriter | None = None
+        self._n_in = 0
+        self._n_out = 0
+        self._manual_rejects: Counter[str] = Counter()
+        self._extra_counts: dict[str, int | float] = {}
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        stage: str,
+        name: str,
+        config: Mapping[str, Any],
+        inputs: Mapping[str, Manifest | str | os.PathLike[str]] | None = None,
+        force: bool = False,
+    ) -> StageOutput:
+        """Find or start the output directory for ``stage``/``name`` under this config.
+
+        Holding an exclusive lock (``root/.locks/<stage>/<dir name>.lock``) for the run
+        means two sweep jobs that need the same output do the work once: the second waits,
+        then finds it complete. The kernel drops the lock when a process dies, so a killed
+        run never leaves a stale one.
+
+        Args:
+            root: Root folder of stage outputs (``outputs/artifacts``).
+            stage: Stage name; a directory level.
+            name: Unit name (dataset, mixture, model); prefix of the directory name.
+            config: The config slice that affects this output, as plain Python data (an
+                OmegaConf container must be converted first).
+            inputs: Input name -> complete input Manifest, or its directory/manifest path.
+            force: Delete this directory's previous contents and redo the work.
+
+        Returns:
+            The stage output; if ``complete`` is True the caller should skip the work.
+
+        Raises:
+            TypeError: ``config`` is not plain data (the message names the key path).
+            ValueError: Unsafe stage/name, an incomplete input, or a complete output whose
+                files are missing or changed size since it was written.
+        """
+        out = cls._identify(root, stage, name, config, inputs)
+        out._lock()
+        try:
+            out._prepare(force)
+        except BaseException:
+            out.close()
+            raise
+        return out
+
+    @classmethod
+    def _identify(cls, root, stage, name, config, inputs) -> StageOutput:
+        """The output's identity (directory and fingerprint) without touching the disk."""
+        _check_component("stage", stage)
+        _check_component("name", name)
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config must be a mapping of plain data, got {type(config).__name__}")
+        plain_config = to_plain(dict(config), "config")
+        resolved = {str(k): _resolve_input(str(k), v) for k, v in sorted((inputs or {}).items())}
+        fp = fingerprint({
+            "stage": stage,
+            "name": name,
+            "config": plain_config,
+            "inputs": {k: v["fingerprint"] for k, v in resolved.items()},
+            "format_version": STAGE_FORMAT_VERSION,
+        })
+        return cls(root=Path(root), stage=stage, name=name, config=plain_config, inputs=resolved, fp=fp)
+
+    @classmethod
+    def find(
+        cls,
+        root: str | os.PathLike[str],
+        stage: str,
+        name: str,
+        config: Mapping[str, Any],
+        inputs: Mapping[str, Manifest | str | os.PathLike[str]] | None = None,
+    ) -> tuple[Path, Manifest | None]:
+        """Where :meth:`open` would put this output, and its manifest if it is complete.
+
+        Downstream stages use it to locate their inputs without creating or locking anything.
+        """
+        out = cls._identify(root, stage, name, config, inputs)
+        manifest_path = out.dir / MANIFEST_NAME
+        if not manifest_path.is_file():
+            return out.dir, None
+        manifest = Manifest.load(out.dir)
+        return out.dir, manifest if manifest.status == STATUS_COMPLETE else None
+
+    def _lock(self) -> None:
+        # Lock files live under root/.locks, not beside the unit directories, so a stage
+        # directory lists only units; and not inside the unit directory, which force=True
+        # deletes (another process could then lock a fresh file while we hold the old one).
+        (self.root / self.stage).mkdir(parents=True, exist_ok=True)
+        if fcntl is None:  # pragma: no cover - non-POSIX
+            return
+        lock_dir = self.root / LOCKS_DIR / self.stage
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_dir / f"{self.dir.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("%s is in use by another run; waiting for it to finish", self.dir)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            if fcntl is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _prepare(self, force: bool) -> None:
+        existing = self._existing_manifest()
+        if existing is not None and existing.status == STATUS_COMPLETE and not force:
+            self._check_reusable(existing)
+            self.manifest = existing
+            self.complete = True
+            self._unlock()
+            return
+        if force:
+            self._remove_dir()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for stale in _stale_files(self.dir):
+            # Temp files of a killed atomic write; we hold the lock, so no one owns them.
+            stale.unlink()
+        self.manifest = Manifest(
+            stage=self.stage,
+            name=self.name,
+            fingerprint=self.fingerprint,
+            status=STATUS_RUNNING,
+            config=self.config,
+            inputs=self.inputs,
+        )
+        self.manifest.write(self.dir)
+        self._rejects = RejectWriter(self.dir / REJECTS_NAME)
+
+    def _existing_manifest(self) -> Manifest | None:
+        if not (self.dir / MANIFEST_NAME).exists():
+            return None
+        return Manifest.load(self.dir)
+
+    def _check_reusable(self, manifest: Manifest) -> None:
+        problems = []
+        if manifest.fingerprint != self.fingerprint:
+            problems.append(f"its fingerprint is {manifest.fingerprint}, expected {self.fingerprint}")
+        for rel, info in sorted(manifest.files.items()):
+            path = self.dir / rel
+            if not path.is_file():
+                problems.append(f"{rel} is missing")
+            elif path.stat().st_size != info.get("bytes"):
+                problems.append(f"{rel} has {path.stat().st_size} bytes, manifest says {info.get('bytes')}")
+        if problems:
+            raise ValueError(
+                f"complete output {self.dir} cannot be trusted: {'; '.join(problems[:5])}"
+                f"{' ...' if len(problems) > 5 else ''}; rerun with force=True to rebuild it"
+            )
+
+    def _remove_dir(self) -> None:
+        if not self.dir.exists() and not self.dir.is_symlink():
+            return
+        stage_dir = (self.root / self.stage).resolve()
+        if self.dir.is_symlink() or not self.dir.is_dir() or self.dir.resolve().parent != stage_dir:
+            raise ValueError(f"refusing to delete {self.dir}: not a plain directory inside {stage_dir}")
+        shutil.rmtree(self.dir)
+
+    # ------------------------------------------------------------------ writing
+    def _require_open(self) -> None:
+        if self.complete:
+            raise RuntimeError(f"{self.dir} is complete; open it with force=True to redo the work")
+        if self._rejects is None or self._rejects.closed:
+            raise RuntimeError(f"{self.dir} is closed")
+
+    def path(self, rel: str | os.PathLike[str]) -> Path:
+        """Absolute path of an output file, with its parent directories created.
+
+        Raises:
+            ValueError: ``rel`` is absolute, escapes the directory, or is a reserved name.
+        """
+        rel_path = Path(rel)
+        if rel_path.is_absolute() or ".." in rel_path.parts or not rel_path.parts:
+            raise ValueError(f"output path {rel!s} must be relative and inside {self.dir}")
+        if rel_path.as_posix() in _RESERVED:
+            raise ValueError(f"{rel_path.as_posix()} is managed by StageOutput; choose another name")
+        full = self.dir / rel_path
+        full.parent.mkdir(parents=True, exist_ok=True)
+        return full
+
+    def records(self, rel: str | os.PathLike[str], *, output: bool = True, fsync_every: int = 1000) -> RecordWriter:
+        """Resumable JSONL writer for ``dir/rel``; the same writer on repeated calls.
+
+        Args:
+            rel: File path relative to the output directory.
+            output: Whether its records count as ``out``. Use False for side files (e.g.
+                per-sample statistics) whose records are not the stage's outputs.
+            fsync_every: See :class:`RecordWriter`.
+        """
+        self._require_open()
+        key = Path(rel).as_posix()
+        if key in self._writers:
+            writer, was_output = self._writers[key]
+            if was_output != output:
+                raise ValueError(f"records({key!r}) was opened with output={was_output}")
+            return writer
+        writer = RecordWriter(self.path(rel), fsync_every=fsync_every)
+        self._writers[key] = (writer, output)
+        return writer
+
+    @property
+    def rejects(self) -> RejectWriter:
+        """The ``rejects.jsonl`` writer (opened, and resumed, with the directory)."""
+        self._require_open()
+        assert self._rejects is not None
+        return self._rejects
+
+    def reject(self, id: str | int, reason: str, detail: Any = None, **fields: Any) -> None:
+        """Shortcut for ``self.rejects.reject(...)``."""
+        self.rejects.reject(id, reason, detail, **fields)
+
+    def is_done(self, rid: str | int) -> bool:
+        """Whether ``rid`` was already written or rejected, in this run or an earlier one.
+
+        Cheap per call (set look-ups), unlike building :attr:`done_ids`, so use it in loops.
+        """
+        if self._rejects is not None and rid in self._rejects.done_ids:
+            return True
+        return any(rid in writer.done_ids for writer, _ in self._writers.values())
+
+    @property
+    def done_ids(self) -> set[str | int]:
+        """Snapshot of the ids already written or rejected, in this run or an earlier one."""
+        ids: set[str | int] = set(self._rejects.done_ids) if self._rejects is not None else set()
+        for writer, _ in self._writers.values():
+            ids |= writer.done_ids
+        return ids
+
+    def count_in(self, n: int = 1) -> None:
+        """Count inputs read by this run, *including* those skipped as already done."""
+        self._n_in += n
+
+    def count_out(self, n: int = 1) -> None:
+        """Count outputs that are not records of an output writer (e.g. tensor shards)."""
+        self._n_out += n
+
+    def count_reject(self, reason: str, n: int = 1) -> None:
+        """Count rejects that are not written to ``rejects.jsonl`` one by one (bulk drops)."""
+        self._manual_rejects[reason] += n
+
+    def count(self, key: str, n: int | float = 1) -> None:
+        """Add to a stage-specific counter (``tokens``, ``truncated``) shown in the summary."""
+        if key in ("in", "out", "rejected"):
+            raise ValueError(f"use count_in/count_out/count_reject for {key!r}")
+        self._extra_counts[key] = self._extra_counts.get(key, 0) + n
+
+    # ------------------------------------------------------------------ finishing
+    def _counts(self) -> dict[str, Any]:
+        rejected: Counter[str] = Counter(self._manual_rejects)
+        if self._rejects is not None:
+            rejected.update(self._rejects.reasons)
+        n_out = self._n_out + sum(w.count for w, is_output in self._writers.values() if is_output)
+        counts: dict[str, Any] = {
+            "in": self._n_in,
+            "out": n_out,
+            "rejected": {k: v for k, v in sorted(rejected.items()) if v},
+        }
+        counts.update(sorted(self._extra_counts.items()))
+        return counts
+
+    def _file_table(self, checksums: bool) -> dict[str, dict[str, Any]]:
+        table = {}
+        for dirpath, _dirnames, filenames in os.walk(self.dir):
+            for fname in filenames:
+                full = Path(dirpath) / fname
+                rel = full.relative_to(self.dir).as_posix()
+                if rel == MANIFEST_NAME:
+                    continue
+                table[rel] = {"bytes": full.stat().st_size, "sha256": file_sha256(full) if checksums else None}
+        return dict(sorted(table.items()))
+
+    def finalize(self, extra: dict[str, Any] | None = None, *, checksums: bool = True) -> Manifest:
+        """Close writers, record files and counts, check them, and mark the output complete.
+
+        Args:
+            extra: Stage-specific results to store in the manifest (plain data).
+            checksums: Compute sha256 of every file. Only turn off for stores so large that
+                hashing them would rival the work itself; sizes are always recorded.
+
+        Returns:
+            The complete manifest.
+
+        Raises:
+            CountsMismatch: Inputs unaccounted for; the manifest stays ``running`` (with the
+                counts filled in, for diagnosis).
+            RuntimeError: Leftover ``.partial`` or temp files that no writer finalized.
+        """
+        self._require_open()
+        try:
+            for writer, _ in self._writers.values():
+                writer.finalize()
+            assert self._rejects is not None
+            self._rejects.finalize()
+            leftovers = sorted(
+                p.relative_to(self.dir).as_posix()
+                for p in self.dir.rglob("*")
+                if p.is_file() and (p.name.endswith(PARTIAL_SUFFIX) or is_temp_name(p.name))
+            )
+            if leftovers:
+                raise RuntimeError(
+                    f"cannot finalize {self.dir}: unfinished files {leftovers[:5]} "
+                    "(a writer of an earlier run that this run did not reopen and finalize)"
+                )
+            manifest = self.manifest
+            manifest.counts = self._counts()
+            manifest.extra = to_plain(dict(extra or {}), "extra")
+            manifest.files = self._file_table(checksums)
+            manifest.wall_time_s = round(time.monotonic() - self._t0, 3)
+            try:
+                manifest.reconcile()
+            except ValueError:
+                manifest.write(self.dir)
+                raise
+            manifest.status = STATUS_COMPLETE
+            manifest.completed_at = utc_now_iso()
+            manifest.write(self.dir)
+            self.complete = True
+            return manifest
+        finally:
+            self._unlock()
+
+    def close(self) -> None:
+        """Close writers (keeping partial files for a resume) and release the lock.
+
+        For error paths: whatever was written stays resumable and the manifest stays
+        ``running``.
+        """
+        for writer, _ in self._writers.values():
+            writer.close()
+        if self._rejects is not None:
+            self._rejects.close()
+        self._unlock()
+
+    def __enter__(self) -> StageOutput:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StageOutput({str(self.dir)!r}, complete={self.complete})"
+
+
+def progress(iterable: Iterable[T], total: int | None = None, desc: str | None = None, **kwargs: Any) -> Iterable[T]:
+    """Wrap an iterable in the project's one style of progress bar.
+
+    Shown only when stderr is a terminal (so logs of batch jobs are not flooded with bar
+    redraws) and redrawn at most about once a second.
+
+    Args:
+        iterable: What to iterate.
+        total: Number of items, when ``len()`` is not available.
+        desc: Label, e.g. ``"tokenize demo_native"``.
+        **kwargs: Passed to ``tqdm`` (e.g. ``unit="tok"``).
+
+    Returns:
+        The ``tqdm`` wrapper, so callers can ``set_postfix`` on it.
+    """
+    from tqdm import tqdm
+
+    options: dict[str, Any] = {
+        "total": total,
+        "desc": desc,
+        "mininterval": 1.0,
+        "dynamic_ncols": True,
+        "disable": not _stderr_is_tty(),
+    }
+    options.update(kwargs)
+    return tqdm(iterable, **options)
+
+
+def _stderr_is_tty() -> bool:
+    with contextlib.suppress(AttributeError, ValueError):
+        return sys.stderr.isatty()
+    return False
+
+
+def log_summary(manifest: Manifest) -> str:
+    """Print and log the manifest's summary line, the one line a person reads per stage.
+
+    Returns:
+        The line.
+    """
+    line = manifest.summary_line()
+    print(line, flush=True)
+    logger.info(line)
+    return line

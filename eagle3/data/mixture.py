@@ -1,0 +1,104 @@
+"""Mixture sampling for the merge stage: nested across data scales, fixed eval split.
+
+The data-scale sweep (10K -> 100K) only reuses work if the samples at scale N are a subset of
+those at any larger scale. So instead of drawing N samples per run, every sample gets a fixed
+place in one global order and scale N takes a prefix of it:
+
+* within a source, samples are ranked by a seeded hash of their id (a shuffle that does not
+  depend on file order);
+* across sources, the k-th sample of source s gets the key (k + 0.5) / weight_s, a weighted
+  round robin: any prefix holds the sources in proportion to their weights (until a source runs
+  out, when the others fill in).
+
+The eval split is drawn first, with a different salt, from the same deduplicated pool, so it
+is the same at every scale and never overlaps train.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What merge needs to know of one tokenized sample (not its tokens)."""
+
+    source: str
+    id: str
+    token_hash: str
+    n_tokens: int
+
+
+def seeded_key(seed: int, salt: str, sample_id: str) -> int:
+    """A stable 64-bit pseudo-random key of (seed, salt, id)."""
+    digest = hashlib.sha256(f"{seed}:{salt}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def token_hash(input_ids: Iterable[int]) -> str:
+    """Identity of a token sequence, for deduplication across sources."""
+    return hashlib.sha1(np.asarray(list(input_ids), dtype=np.int64).tobytes()).hexdigest()
+
+
+def dedupe(candidates: list[Candidate], seed: int) -> tuple[list[Candidate], list[Candidate]]:
+    """Drop repeated token sequences, keeping the copy with the smallest seeded key.
+
+    Keeping by key rather than by first occurrence makes the survivor independent of the order
+    in which sources were read. Returns (kept, dropped).
+    """
+    best: dict[str, Candidate] = {}
+    for cand in candidates:
+        current = best.get(cand.token_hash)
+        if current is None or (seeded_key(seed, "dedupe", cand.id), cand.id) < (
+            seeded_key(seed, "dedupe", current.id), current.id
+        ):
+            best[cand.token_hash] = cand
+    kept_ids = {c.id for c in best.values()}
+    kept = [c for c in candidates if c.id in kept_ids]
+    dropped = [c for c in candidates if c.id not in kept_ids]
+    return kept, dropped
+
+
+def weighted_order(candidates: list[Candidate], weights: dict[str, float], seed: int,
+                   salt: str) -> list[Candidate]:
+    """All candidates of sources with weight > 0, in the nested global order described above."""
+    by_source: dict[str, list[Candidate]] = {}
+    for cand in candidates:
+        if weights.get(cand.source, 0) > 0:
+            by_source.setdefault(cand.source, []).append(cand)
+    keyed = []
+    for source, items in by_source.items():
+        items.sort(key=lambda c: (seeded_key(seed, salt, c.id), c.id))
+        for rank, cand in enumerate(items):
+            keyed.append(((rank + 0.5) / weights[source], source, rank, cand))
+    keyed.sort(key=lambda item: item[:3])
+    return [item[3] for item in keyed]
+
+
+@dataclass
+class Split:
+    """The outcome of a merge: ids in order, and what was left out and why."""
+
+    train: list[Candidate]
+    eval: list[Candidate]
+    duplicates: list[Candidate]
+    not_selected: list[Candidate]
+    zero_weight: list[Candidate]
+
+
+def split_mixture(candidates: list[Candidate], weights: dict[str, float], scale: Optional[int],
+                  eval_size: int, seed: int) -> Split:
+    """Dedupe, take a scale-independent eval split, then the first `scale` train samples."""
+    kept, duplicates = dedupe(candidates, seed)
+    zero_weight = [c for c in kept if weights.get(c.source, 0) <= 0]
+    eval_part = weighted_order(kept, weights, seed, "eval")[:eval_size]
+    eval_ids = {c.id for c in eval_part}
+    pool = [c for c in kept if c.id not in eval_ids]
+    ordered = weighted_order(pool, weights, seed, "train")
+    limit = len(ordered) if scale is None else min(scale, len(ordered))
+    return Split(train=ordered[:limit], eval=eval_part, duplicates=duplicates,
+                 not_selected=ordered[limit:], zero_weight=zero_weight)
