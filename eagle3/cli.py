@@ -11,12 +11,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from eagle3.config import validate_config
-from eagle3.stages import MissingInput, StageContext, stage_names, stages_to_run
+from eagle3.errors import Eagle3Error
+from eagle3.stages import StageContext, stage_names, stages_to_run
 
 log = logging.getLogger("eagle3")
 
 EXIT_CONFIG_ERROR = 2
-EXIT_MISSING_INPUT = 3
+EXIT_STAGE_ERROR = 3  # a missing input or an unavailable backend
 
 
 def report_config_errors(errors: list[str]) -> None:
@@ -43,9 +44,9 @@ def run_job(cfg: DictConfig) -> int:
         log.info("stage %s: %s", stage.name, stage.help)
         try:
             manifests = stage(cfg, ctx)
-        except MissingInput as exc:
+        except Eagle3Error as exc:
             print(f"eagle3: {exc}", file=sys.stderr)
-            return EXIT_MISSING_INPUT
+            return EXIT_STAGE_ERROR
         outputs.extend(Path(m.dir) for m in manifests)
     log.info("done in %.1f s; artifacts under %s", time.perf_counter() - started, root)
     for out in outputs:

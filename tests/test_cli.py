@@ -7,12 +7,14 @@ import json
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.stages import stage_names
 
 
 def test_unknown_stage_exits_2_listing_valid_stages(cli):
     result = cli("stage=nope")
     assert result.returncode == 2
-    assert "stage: 'nope' -- not a registered stage; valid: all, demo_data" in result.stderr
+    assert f"stage: 'nope' -- not a registered stage; valid: {', '.join(stage_names())}\n" in result.stderr
+    assert ", demo_data, prep," in result.stderr  # registry order
     assert "Traceback" not in result.stderr + result.stdout
 
 

@@ -76,7 +76,8 @@ def test_unknown_stage_lists_valid_stages():
     errors = errors_for(["stage=nope"])
     assert len(errors) == 1
     assert errors[0].startswith("stage: 'nope'")
-    assert "valid: all, demo_data" in errors[0]
+    assert errors[0].endswith(f"valid: {', '.join(stage_names())}")
+    assert ", demo_data, prep," in errors[0]  # registry order
 
 
 def test_capture_layer_out_of_range():
@@ -204,3 +205,11 @@ def test_all_errors_are_reported_together():
     for key in ("stage", "model.capture_layers", "model.draft.vocab_size", "train.ttt_decay",
                 "extract.shard", "extract.storage_format"):
         assert key in keys, (key, errors)
+
+
+def test_registry_entries_load_the_stage_they_name():
+    from eagle3.stages import CHAIN
+
+    for entry in CHAIN:
+        stage = entry.load()
+        assert stage.name == entry.name and stage.help

@@ -193,12 +193,20 @@ class ExtractConfig:
     """Hidden-state extraction into the store."""
 
     backend: str = "hf"
-    storage_format: str = "bf16"  # bf16 | fp8
+    storage_format: str = "bf16"  # bf16 | fp8 | fp32
     batch_tokens: int = 8192
     shard: int = 0
     num_shards: int = 1
     disk_margin_gb: float = 5.0
     device_map: Optional[str] = None  # e.g. "auto" for multi-GPU
+    # Shared by every mix and data scale (content-keyed), so it lives outside the stage units.
+    store_root: str = "${paths.root}/hidden_states"
+    # Print the disk estimate of the plan (no data, no model) and stop.
+    dry_run: bool = False
+    # Mean sample length the dry run assumes (1600: ~92 GB per 1K samples in bf16 at H=7168).
+    assumed_tokens_per_sample: int = 1600
+    # Free bytes to assume instead of measuring the store's filesystem (planning, tests).
+    assume_free_bytes: Optional[int] = None
 
 
 @dataclass

@@ -34,7 +34,7 @@ SPEC_ALGORITHMS = ("EAGLE3", "EAGLE")
 # Kernels that fail with "Unsupported architecture" on sm120 (RTX PRO 6000 / RTX 50xx).
 SM120_UNSUPPORTED = ("fa3", "trtllm_mla", "trtllm_mha", "flashmla", "deepgemm", "deep_gemm")
 SM120_MAX_MEM_FRACTION = 0.85
-STORAGE_FORMATS = ("bf16", "fp8")
+STORAGE_FORMATS = ("bf16", "fp8", "fp32")
 LENGTH_POLICIES = ("keep_flagged", "drop")
 OVERLENGTH_POLICIES = ("truncate", "drop")
 EXTRACT_BACKENDS = ("hf",)
@@ -176,6 +176,10 @@ def _check_model(model: DictConfig, err: _Errors) -> None:
 
 
 def _check_dataset(dataset: DictConfig, err: _Errors) -> None:
+    # Light modules (no datasets/torch); imported here so this rule stays inside this function.
+    from eagle3.data.adapters import ADAPTERS
+    from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
+
     if not dataset.sources:
         err.add("dataset.sources", {}, "a dataset needs at least one source",
                 "e.g. dataset=demo or dataset=kimi_native")
@@ -192,6 +196,16 @@ def _check_dataset(dataset: DictConfig, err: _Errors) -> None:
         for path in src.data_files or []:
             if not Path(path).exists():
                 err.add(f"{key}.data_files", path, "file not found", "local json/jsonl/parquet files")
+            elif file_kind(path) is None:
+                err.add(f"{key}.data_files", path, "unsupported file type", ", ".join(SUPPORTED_SUFFIXES))
+        if src.schema in ADAPTERS:
+            # Each adapter declares the column keys it reads; a misspelt key would otherwise
+            # be ignored and every record would miss its column.
+            valid_keys = ADAPTERS[src.schema].keys
+            for col_key in src.columns or {}:
+                if col_key not in valid_keys:
+                    err.add(f"{key}.columns.{col_key}", src.columns[col_key],
+                            f"not a column key of schema {src.schema}", ", ".join(valid_keys))
         err.positive(f"{key}.num_samples", src.num_samples, allow_none=True)
         if src.weight < 0:
             err.add(f"{key}.weight", src.weight, "mixture weights cannot be negative", ">= 0")
@@ -259,6 +273,9 @@ def _check_stages(cfg: DictConfig, err: _Errors) -> None:
                 f"0..{ex.num_shards - 1}")
     if ex.disk_margin_gb < 0:
         err.add("extract.disk_margin_gb", ex.disk_margin_gb, "cannot be negative", ">= 0")
+    err.positive("extract.assumed_tokens_per_sample", ex.assumed_tokens_per_sample)
+    if ex.assume_free_bytes is not None and ex.assume_free_bytes < 0:
+        err.add("extract.assume_free_bytes", ex.assume_free_bytes, "cannot be negative", ">= 0 or null")
 
     tr = cfg.train
     err.positive("train.ttt_steps", tr.ttt_steps)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, log_summary
+from eagle3.errors import Eagle3Error
 
 log = logging.getLogger("eagle3")
 
@@ -29,7 +30,7 @@ class StageContext:
     force: bool = False
 
 
-class MissingInput(RuntimeError):
+class MissingInput(Eagle3Error):
     """A stage's input is not there yet; the message says which stage to run."""
 
 

@@ -65,9 +65,11 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
         out.count_in()
         if out.is_done(record["id"]):
             continue
-        reason = record.pop("reject_reason", None)
-        if reason:
-            out.reject(record["id"], reason, record.pop("reject_detail", None))
+        cut = (record.get("meta") or {}).get("truncated_turns", 0)
+        if cut:
+            # A turn cut at max_new_tokens is closed by the template, not by the target: as
+            # target-native training data it would teach an end-of-turn the target never wrote.
+            out.reject(record["id"], "length_cut", f"{cut} assistant turn(s) hit max_new_tokens")
         else:
             records.write(record)
     return {"schema": src.schema, "track": src.track, "file": DATA_FILE}

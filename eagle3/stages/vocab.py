@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_path, progress, read_jsonl
-from eagle3.data.vocab import VocabMapping, count_masked_tokens, coverage, select_draft_tokens
 from eagle3.stages.base import StageContext, UnitStage, require
 from eagle3.stages.merge import EVAL_FILE, MERGE, TRAIN_FILE
 
@@ -43,12 +41,17 @@ def _pairs(path, out: StageOutput | None, desc: str):
         yield record["input_ids"], record["loss_mask"]
 
 
-def _save(tensor: torch.Tensor, path) -> None:
+def _save(tensor, path) -> None:
+    import torch
+
     with atomic_path(path) as tmp:
         torch.save(tensor, tmp)
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    # torch/numpy load here, not at import: every CLI call imports the stage registry.
+    from eagle3.data.vocab import VocabMapping, count_masked_tokens, coverage, select_draft_tokens
+
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
     target_vocab = cfg.model.vocab_size
     train_counts = count_masked_tokens(_pairs(merged.dir / TRAIN_FILE, out, "vocab: count"), target_vocab)

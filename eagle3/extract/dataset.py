@@ -1,0 +1,137 @@
+"""The trainer's view of the store: a map-style Dataset joining merged records and stored states.
+
+The merged split file supplies what only it knows (`loss_mask`, sample ids, order); the store
+supplies the tensors. Records are not held in memory (100K samples x thousands of tokens would
+be gigabytes of Python ints): only each line's byte offset and content key are kept, and a line
+is re-read and parsed when its sample is fetched, so every fetch can check the alignment of the
+stored ids with the record's, and fails loudly if they differ. Tensors come from safetensors
+memory maps (no pickle anywhere); forked DataLoader workers reopen their own handles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from eagle3.artifacts import REJECTS_NAME, Manifest, read_jsonl
+from eagle3.extract.store import HiddenStateStore, content_key
+
+SPLIT_FILES = {"train": "train.jsonl", "eval": "eval.jsonl"}
+
+
+class AlignmentError(ValueError):
+    """Stored states do not belong to the record they are fetched for."""
+
+
+class HiddenStateDataset(Dataset):
+    """Samples of one merged split with their stored hidden states.
+
+    Items are dicts of tensors: `input_ids [T]` int64, `loss_mask [T]` int64, `aux [T, C*H]`,
+    `final [T, H]` (float; fp8 dequantised), plus the sample `id`.
+
+    Args:
+        store_dir: The hidden-state store directory.
+        split_file: A merged `train.jsonl` / `eval.jsonl`.
+        exclude_ids: Sample ids the extraction rejected (they are legitimately not stored).
+        dtype: Float dtype of `aux` / `final`; None keeps the stored one (fp8 gives float32).
+        dequantize: False returns fp8 stores as stored (`aux`/`final` float8 plus `aux_scale
+            [T, C]` / `final_scale [T, 1]`), to dequantise on the GPU (`formats.dequantize_fp8`):
+            at H=7168 converting on the CPU costs more per token than reading the bytes.
+
+    Raises:
+        KeyError: A sample that was not rejected is missing from the store (an extraction
+            job has not run, or ran with another target/capture/format); names the first ones.
+    """
+
+    def __init__(self, store_dir: str | os.PathLike[str], split_file: str | os.PathLike[str],
+                 exclude_ids: Iterable[Any] = (), dtype: Optional[torch.dtype] = None,
+                 dequantize: bool = True) -> None:
+        self.store = HiddenStateStore(store_dir)
+        self.dequantize = dequantize or self.store.storage_format != "fp8"
+        self.split_file = Path(split_file)
+        self.dtype = dtype
+        fp = self.store.meta["fingerprint"]
+        excluded = set(exclude_ids)
+        offsets, keys, lengths, missing = [], [], [], []
+        with open(self.split_file, "rb") as fh:
+            pos = 0
+            for raw in fh:
+                start, pos = pos, pos + len(raw)
+                if not raw.strip():
+                    continue
+                record = json.loads(raw)
+                if record["id"] in excluded:
+                    continue
+                key = content_key(fp, record["input_ids"])
+                if key not in self.store:
+                    missing.append(record["id"])
+                    continue
+                offsets.append(start)
+                keys.append(key)
+                lengths.append(len(record["input_ids"]))
+        if missing:
+            raise KeyError(f"{len(missing)} samples of {self.split_file} are not in the store {self.store.dir} "
+                           f"(e.g. ids {missing[:3]}): run stage=extract for every extract.shard of this "
+                           "mix with the same model, capture layers and storage format")
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        self.keys = keys
+        self.lengths = np.asarray(lengths, dtype=np.int64)  # for length-bucketing samplers
+        self._fh = None
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_manifests(cls, manifests: Manifest | Sequence[Manifest], split: str = "train",
+                       dtype: Optional[torch.dtype] = None, dequantize: bool = True) -> HiddenStateDataset:
+        """The dataset of complete extract manifests (all shard jobs of one mix)."""
+        manifests = [manifests] if isinstance(manifests, Manifest) else list(manifests)
+        stores = {m.extra["store_dir"] for m in manifests}
+        merged = {m.inputs["merged"]["path"] for m in manifests}
+        if len(stores) != 1 or len(merged) != 1:
+            raise ValueError(f"extract manifests disagree on store {sorted(stores)} or merge input {sorted(merged)}")
+        rejected = set()
+        for m in manifests:
+            if m.dir is not None and (Path(m.dir) / REJECTS_NAME).is_file():
+                rejected |= {r["id"] for r in read_jsonl(Path(m.dir) / REJECTS_NAME)}
+        return cls(stores.pop(), Path(merged.pop()) / SPLIT_FILES[split], exclude_ids=rejected, dtype=dtype,
+                   dequantize=dequantize)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _record(self, index: int) -> dict[str, Any]:
+        if self._fh is None or os.getpid() != self._pid:
+            self._fh, self._pid = open(self.split_file, "rb"), os.getpid()
+        self._fh.seek(int(self._offsets[index]))
+        return json.loads(self._fh.readline())
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        record = self._record(index)
+        key = self.keys[index]
+        if self.dequantize:
+            aux, final, ids = self.store.load(key, self.dtype)  # [T, C*H], [T, H], [T]
+            extra = {}
+        else:
+            raw = self.store.raw(key)
+            aux, final, ids = raw["aux"], raw["final"], raw["ids"].long()  # float8 [T, C*H], [T, H]
+            extra = {"aux_scale": raw["aux_scale"], "final_scale": raw["final_scale"]}  # [T, C], [T, 1]
+        input_ids = torch.as_tensor(record["input_ids"], dtype=torch.long)  # [T]
+        loss_mask = torch.as_tensor(record["loss_mask"], dtype=torch.long)  # [T]
+        if not torch.equal(ids, input_ids) or aux.shape[0] != len(input_ids) or final.shape[0] != len(input_ids) \
+                or len(loss_mask) != len(input_ids):
+            raise AlignmentError(
+                f"sample {record['id']!r} (key {key}): stored ids/states ({ids.shape[0]} ids, aux {tuple(aux.shape)}, "
+                f"final {tuple(final.shape)}) do not match the merged record ({len(input_ids)} ids, "
+                f"{len(loss_mask)} mask entries) in {self.split_file}; the store or the merge output changed")
+        return {"id": record["id"], "input_ids": input_ids, "loss_mask": loss_mask, "aux": aux, "final": final,
+                **extra}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fh"] = None  # file handles do not cross process boundaries
+        return state

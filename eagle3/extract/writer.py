@@ -1,0 +1,159 @@
+"""Write side of the hidden-state store: one job slot's shards and index lines (see store.py).
+
+A shard is written to a temp name and renamed (`atomic_path`), and only then is its index line
+appended and fsynced, so an index line always names a complete shard. The job's lock makes the
+slot single-writer, which is what lets `_repair` delete temp files and cut a torn index tail
+left by a killed run without asking whose they are.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from eagle3.artifacts import atomic_path, atomic_write_json, is_temp_name
+from eagle3.extract import formats
+from eagle3.extract.store import STORE_FILE, StoreSpec
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger("eagle3")
+
+
+class DiskFull(OSError):
+    """The store's filesystem ran out of space while writing a shard (nothing was indexed)."""
+
+
+@dataclass
+class StoreWriter:
+    """Write side for one job slot: holds the slot's lock, appends complete shards.
+
+    Attributes:
+        directory: The store directory (created with store.json on first use).
+        spec: Store identity; must match an existing store.json.
+        job: Job slot name (`s{i}-of-{n}`).
+        save_file: Writes a dict of tensors to a path (safetensors; replaceable to inject faults).
+    """
+
+    directory: Path
+    spec: StoreSpec
+    job: str
+    save_file: Callable[..., None] | None = None
+    _lock_fd: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+        self.shard_dir = self.directory / "shards" / self.job
+        self.index_path = self.directory / "index" / f"{self.job}.jsonl"
+        for sub in (self.shard_dir, self.index_path.parent, self.directory / "locks"):
+            sub.mkdir(parents=True, exist_ok=True)
+        meta = {**self.spec.identity(), "model": self.spec.model, "fingerprint": self.spec.fingerprint}
+        meta_path = self.directory / STORE_FILE
+        if meta_path.is_file():
+            found = json.loads(meta_path.read_text())
+            if found.get("fingerprint") != self.spec.fingerprint:
+                raise ValueError(f"{meta_path} belongs to another store identity "
+                                 f"({found.get('fingerprint')} != {self.spec.fingerprint})")
+        else:
+            atomic_write_json(meta_path, meta)
+
+    def __enter__(self) -> StoreWriter:
+        self._lock()
+        self._repair()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        fd = os.open(self.directory / "locks" / f"{self.job}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("store job %s is in use by another run; waiting", self.job)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        self._lock_fd = fd
+
+    def _repair(self) -> None:
+        """Under the lock: drop temp files of killed writers and a torn index tail."""
+        for path in self.shard_dir.iterdir():
+            if is_temp_name(path.name):
+                path.unlink()
+        if self.index_path.is_file():
+            data = self.index_path.read_bytes()
+            good = data.rfind(b"\n") + 1
+            if good < len(data):
+                log.warning("store %s: cutting a torn index line (%d bytes)", self.index_path, len(data) - good)
+                with open(self.index_path, "r+b") as fh:
+                    fh.truncate(good)
+                    os.fsync(fh.fileno())
+
+    def write_shard(self, samples: dict[str, tuple[formats.Encoded, int]]) -> str:
+        """Write one shard atomically, then index it.
+
+        Args:
+            samples: key -> (encoded tensors, seq_len).
+
+        Returns:
+            The shard path relative to the store directory.
+
+        Raises:
+            DiskFull: ENOSPC while writing; the temp file is gone and nothing was indexed.
+        """
+        if self._lock_fd is None:
+            raise RuntimeError("use StoreWriter as a context manager (it holds the job lock)")
+        name = hashlib.sha256("\n".join(sorted(samples)).encode()).hexdigest()[:20]
+        path = self.shard_dir / f"{name}.safetensors"
+        tensors = {f"{key}/{suffix}": t for key, (enc, _) in samples.items() for suffix, t in enc.tensors.items()}
+        save = self.save_file or _safetensors_save
+        try:
+            with atomic_path(path) as tmp:
+                save(tensors, str(tmp), metadata={"format": self.spec.storage_format,
+                                                  "store": self.spec.fingerprint})
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DiskFull(errno.ENOSPC, f"no space left on the store's filesystem while writing "
+                               f"{path} ({len(samples)} samples)") from exc
+            raise
+        rel = path.relative_to(self.directory).as_posix()
+        line = {"shard": rel, "bytes": path.stat().st_size, "samples": {
+            key: {"seq_len": n, "err_max": list(enc.rel_err_max), "err_sum": list(enc.rel_err_sum)}
+            for key, (enc, n) in samples.items()}}
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        try:
+            with open(self.index_path, "ab") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                self._repair()  # a partial line must not survive; the shard stays unindexed
+                raise DiskFull(errno.ENOSPC, f"no space left while indexing {rel}") from exc
+            raise
+        return rel
+
+    def orphans(self, indexed: Iterable[str]) -> list[Path]:
+        """Shards of this job that no index line names (a kill between rename and append)."""
+        known = set(indexed)
+        return [p for p in sorted(self.shard_dir.glob("*.safetensors"))
+                if p.relative_to(self.directory).as_posix() not in known]
+
+
+def _safetensors_save(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, path, metadata=metadata)

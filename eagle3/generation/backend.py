@@ -1,0 +1,143 @@
+"""The generation-backend interface: what stage `generate` asks of a target, whatever serves it.
+
+The stage speaks in chat messages, not tokens, because that is what every serving engine speaks:
+an OpenAI-compatible server (vLLM, SGLang) takes `messages` + `tools` + chat-template kwargs and
+returns one assistant message already split by its reasoning and tool-call parsers, a finish
+reason and token usage. The in-process `hf` backend does the same work itself (render with the
+tokenizer's own template, generate, parse the Kimi format), so the stage cannot tell them apart
+and the HTTP clients of a later issue plug in without touching it.
+
+Determinism is part of the contract: a backend given the same requests in the same order with the
+same `SamplingParams.seed` returns the same results. The stage derives that seed from the batch's
+conversation ids, which is what makes a killed and resumed run equal an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+
+from omegaconf import DictConfig
+
+from eagle3.errors import Eagle3Error
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "FINISH_TOOL_CALLS",
+    "HTTP_BACKENDS",
+    "BackendUnavailable",
+    "GenerationBackend",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingParams",
+    "make_backend",
+]
+
+#: OpenAI finish reasons: the turn ended with the end-of-turn token / hit max_new_tokens / called tools.
+FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS = "stop", "length", "tool_calls"
+HTTP_BACKENDS = ("vllm", "sglang")
+
+
+class BackendUnavailable(Eagle3Error):
+    """The configured backend cannot generate (yet); the message says what to use instead."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch of requests.
+
+    Attributes:
+        max_new_tokens: Completion budget per request (OpenAI `max_tokens`).
+        temperature: 0 means greedy decoding.
+        top_p: Nucleus mass (1.0 = off). Top-k is always off, as in the engines' defaults.
+        seed: Seed of the batch's sampler; equal seeds and requests give equal results.
+    """
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat completion: the conversation so far, to be answered by the next assistant turn.
+
+    Attributes:
+        id: Caller's id for the request (conversation id and turn), echoed in the result.
+        messages: Canonical OpenAI-style messages (system/user/assistant/tool).
+        tools: OpenAI tool declarations, or None.
+        thinking: Chat-template kwarg `thinking` (Kimi: open `<think>` vs. empty think block).
+    """
+
+    id: str
+    messages: list[dict[str, Any]]
+    tools: Optional[list[dict[str, Any]]] = None
+    thinking: bool = True
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One generated assistant turn in canonical form.
+
+    Attributes:
+        id: The request's id.
+        message: `{"role": "assistant", "content", "reasoning_content"?, "tool_calls"?}`;
+            `reasoning_content` is present iff the request had thinking on.
+        finish_reason: `stop`, `length` or `tool_calls` (OpenAI semantics); `length` wins over
+            `tool_calls`, since a cut tool-call section is not a complete call.
+        completion_tokens: Generated tokens, the end-of-turn token included.
+        prompt_tokens: Tokens of the rendered prompt.
+        error: Why the request was not run (`prompt_too_long`), else None; then `message` is
+            empty and the token counts are what was known.
+        text: The raw completion with control tokens, when the backend has it (debugging).
+    """
+
+    id: str
+    message: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = FINISH_STOP
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    error: Optional[str] = None
+    text: Optional[str] = None
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """A target that answers chat requests in batches (in-process or behind an HTTP server)."""
+
+    name: str
+
+    def describe(self) -> dict[str, Any]:
+        """Plain data naming the backend and model, for the stage manifest."""
+        ...
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """Answer every request (results in request order); must be deterministic in `params.seed`."""
+        ...
+
+    def close(self) -> None:
+        """Release the model or the server connection."""
+        ...
+
+
+def make_backend(cfg: DictConfig) -> GenerationBackend:
+    """The generation backend `cfg.server.backend` names, built from `cfg.model` (nothing loaded yet).
+
+    Raises:
+        BackendUnavailable: For `vllm` / `sglang`, whose HTTP clients are not implemented yet.
+        ValueError: For an unknown backend name (validation normally catches it first).
+    """
+    backend = cfg.server.backend
+    if backend == "hf":
+        from eagle3.generation.hf_backend import HFBackend
+
+        model = cfg.model
+        return HFBackend(path=str(model.path), revision=model.revision, dtype=str(model.dtype),
+                         trust_remote_code=bool(model.trust_remote_code))
+    if backend in HTTP_BACKENDS:
+        raise BackendUnavailable(
+            f"server.backend={backend}: HTTP generation through {backend} is not available yet; "
+            "use server=hf (in-process transformers) for stage generate")
+    raise ValueError(f"server.backend={backend!r} is not a generation backend; valid: hf, {', '.join(HTTP_BACKENDS)}")

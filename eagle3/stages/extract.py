@@ -1,0 +1,198 @@
+"""Stage `extract`: the target's captured aux layers and final state for every merged sample.
+
+The unit is one merge output (`dataset.name`), both splits. The tensors go to the shared,
+content-keyed hidden-state store (`extract.store_root`, see `eagle3.extract.store`); the unit
+directory holds `keys.jsonl` (sample id -> store key, and whether this unit extracted or reused
+it), the rejects, and a manifest whose `extra` says where the store is, what it cost per token,
+how lossy it is, and which aux layer ids each serving engine must be given for this capture.
+
+`extract.dry_run=true` prints the disk estimate of the configured plan and stops (no merge
+output, no model). A store that does not fit, or a disk that fills mid-run, ends the job with one
+line on stderr and exit code 4; the rerun resumes from the complete shards. `force=true` redoes
+the unit's bookkeeping, not the stored tensors (they are shared; delete the store directory to
+recompute them).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from eagle3.artifacts import Manifest, StageOutput, read_jsonl
+from eagle3.extract import formats
+from eagle3.extract.preflight import DiskSpaceError, plan_report
+from eagle3.extract.runner import KEYS_FILE, UnitJob, run_extraction
+from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name
+from eagle3.extract.writer import DiskFull
+from eagle3.extract.target import check_geometry, load_target, target_identity
+from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
+from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.stages.merge import MERGE
+
+log = logging.getLogger("eagle3")
+FORMAT_VERSION = 1
+EXIT_NO_SPACE = 4
+
+
+def store_spec(cfg: DictConfig) -> StoreSpec:
+    """The store identity this config extracts into (no model load, no data)."""
+    m = cfg.model
+    return StoreSpec(model=m.name, target=target_identity(m.path, m.revision, m.dtype),
+                     capture_layers=tuple(int(i) for i in m.capture_layers),
+                     storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size))
+
+
+def store_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.extract.store_root).expanduser().resolve() / store_spec(cfg).dirname
+
+
+def _units(cfg: DictConfig) -> list[str]:
+    return [cfg.dataset.name]
+
+
+def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
+    spec = store_spec(cfg)
+    return {
+        "backend": cfg.extract.backend,
+        "target": spec.target,
+        "text_config_key": cfg.model.text_config_key,
+        "capture_layers": list(spec.capture_layers),
+        "storage_format": spec.storage_format,
+        "shard": cfg.extract.shard,
+        "num_shards": cfg.extract.num_shards,
+        # Included although the store is keyed without it: on CPU fp32 the states of a sample
+        # differ in the last bits (~1e-6 measured) between batch compositions, because GEMM and
+        # attention kernels block differently per shape, so the budget does shape this unit's
+        # results. The store stays shared across budgets on purpose: those differences are far
+        # below the bf16/fp8 storage step, and re-extracting per budget would defeat reuse.
+        "batch_tokens": cfg.extract.batch_tokens,
+        "format": FORMAT_VERSION,
+    }
+
+
+def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    return {"merged": require(MERGE, cfg, ctx, unit)}
+
+
+def _load(cfg: DictConfig):
+    m = cfg.model
+    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code),
+                        revision=m.revision, device_map=cfg.extract.device_map,
+                        cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
+    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
+    return parts
+
+
+def _error_stats(store: HiddenStateStore, rows: list[dict]) -> dict[str, float]:
+    """Worst and mean per-token relative error of the stored values over the unit's samples."""
+    seen: set[str] = set()
+    worst, total, tokens = [0.0, 0.0], [0.0, 0.0], 0
+    for row in rows:
+        if row["key"] in seen or row["key"] not in store:
+            continue
+        seen.add(row["key"])
+        entry = store.entries[row["key"]]
+        tokens += entry.seq_len
+        for j in (0, 1):
+            worst[j] = max(worst[j], entry.err_max[j])
+            total[j] += entry.err_sum[j]
+    mean = [t / tokens if tokens else 0.0 for t in total]
+    return {"aux_max": worst[0], "aux_mean": mean[0], "final_max": worst[1], "final_mean": mean[1]}
+
+
+def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    merged = _unit_inputs(cfg, ctx, unit)["merged"]
+    spec, where = store_spec(cfg), store_dir(cfg)
+    ex = cfg.extract
+    job = UnitJob(merged_dir=Path(merged.dir), store_dir=where, spec=spec, shard=ex.shard,
+                  num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
+                  disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
+                  load=lambda: _load(cfg))
+    stats = run_extraction(job, out)
+
+    keys = out.records(KEYS_FILE)
+    keys.flush()
+    rows = list(read_jsonl(keys.partial_path))
+    store = HiddenStateStore(where)
+    lost = [r["id"] for r in rows if r["key"] not in store]
+    if lost:  # e.g. a shard deleted between a killed run and this one: never finalize a lie
+        raise RuntimeError(f"{len(lost)} samples this unit recorded are no longer in the store {where} "
+                           f"(e.g. {lost[:3]}); rerun with force=true to extract them again")
+    extracted = [r for r in rows if not r["reused"]]
+    tokens = sum(r["seq_len"] for r in rows)
+    tokens_extracted = sum(r["seq_len"] for r in extracted)
+    bpt = {f: formats.bytes_per_token(f, spec.hidden_size, len(spec.capture_layers)) for f in formats.FORMATS}
+    out.count("tokens", tokens)
+    out.count("extracted", len(extracted))
+    out.count("reused", len(rows) - len(extracted))
+    errors = _error_stats(store, rows)
+    if stats["orphan_shards"]:
+        log.warning("store %s: %d shard files of job %s are not indexed (a killed run); they are ignored",
+                    where, stats["orphan_shards"], job_name(ex.shard, ex.num_shards))
+    return {
+        "store_dir": str(where),
+        "store_fingerprint": spec.fingerprint,
+        "store_identity": spec.identity(),
+        "job": job_name(ex.shard, ex.num_shards),
+        "storage_format": spec.storage_format,
+        "capture_layers": list(spec.capture_layers),
+        **{f"{engine}_aux_layer_ids": engine_aux_layer_ids(spec.capture_layers, engine) for engine in ENGINES},
+        "bytes_per_token": bpt[spec.storage_format],
+        "bytes_per_token_by_format": bpt,
+        "samples": len(rows),
+        "samples_by_split": {s: sum(r["split"] == s for r in rows) for s in ("train", "eval")},
+        "samples_extracted": len(extracted),
+        "samples_reused": len(rows) - len(extracted),
+        "samples_from_earlier_runs": stats["done_earlier"],  # resumed after a kill / full disk
+        "tokens": tokens,
+        "tokens_extracted": tokens_extracted,
+        "tokens_reused": tokens - tokens_extracted,
+        "unit_store_bytes_estimate": tokens * bpt[spec.storage_format] + len(rows) * formats.SAMPLE_OVERHEAD_BYTES,
+        "store_samples_total": len(store),
+        # Per-token relative L2 error of what is stored vs what the target computed.
+        "reconstruction_error": errors,
+        "other_shards": stats["other_shards"],
+        "orphan_shards": stats["orphan_shards"],
+        "extract_tokens_per_s": round(stats["tokens_this_run"] / stats["seconds_this_run"], 1)
+        if stats["seconds_this_run"] else None,
+        "files": {"keys": KEYS_FILE},
+    }
+
+
+def dry_run(cfg: DictConfig) -> str:
+    """The plan's disk estimate (printed by `extract.dry_run=true`)."""
+    ex = cfg.extract
+    return plan_report(model=cfg.model.name, hidden=int(cfg.model.hidden_size),
+                       capture_layers=list(cfg.model.capture_layers), scale=cfg.data.scale,
+                       eval_size=int(cfg.data.eval_size), tokens_per_sample=int(ex.assumed_tokens_per_sample),
+                       store_dir=store_dir(cfg), margin_gb=float(ex.disk_margin_gb),
+                       assume_free_bytes=ex.assume_free_bytes, num_shards=int(ex.num_shards))
+
+
+class ExtractStage(UnitStage):
+    """UnitStage plus the dry run and the clean stop on a full disk."""
+
+    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        if cfg.extract.dry_run:
+            print(dry_run(cfg), flush=True)
+            return []
+        try:
+            return super().__call__(cfg, ctx)
+        except (DiskSpaceError, DiskFull) as exc:
+            # One line, no traceback: the fix is disk space or config, and a rerun resumes.
+            print(f"eagle3: {exc}".replace("\n", " "), file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_NO_SPACE) from None
+
+
+EXTRACT = ExtractStage(
+    name="extract",
+    help="target hidden states (capture layers + final norm) into the shared content-keyed store",
+    units=_units,
+    unit_config=_unit_config,
+    unit_inputs=_unit_inputs,
+    run_unit=_run_unit,
+)

@@ -1,0 +1,192 @@
+"""Stage `generate`: regenerate every assistant turn of prompt-only sources through the target.
+
+EAGLE-3 learns the *target's* next-token distribution, so answers written by another model are
+replaced (DESIGN.md §1, two tracks): each prompt-only conversation from prep is replayed user
+turn by user turn against the backend `server.backend` names, with the source's thinking mode.
+
+Resume and determinism: batches are consecutive chunks of prep's output order
+(`generate.batch_size` conversations) and each generate call is seeded from its batch's ids and
+turn, so a batch re-run after a kill reproduces itself exactly; already-written ids are not
+written again and fully done batches are skipped without running the model. Counters derived
+from the output files (not from this run's work) make a resumed run's manifest equal an
+uninterrupted one's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.artifacts import Manifest, StageOutput, progress, read_jsonl
+from eagle3.generation.backend import make_backend
+from eagle3.generation.regenerate import GenerateSettings, regenerate_batch
+from eagle3.stages.base import StageContext, UnitStage, require
+
+CONVERSATIONS_FILE = "conversations.jsonl"  # prep's output name, and ours (tokenize reads either)
+FORMAT_VERSION = 1
+PROMPT_ONLY = "prompt_only"
+
+
+def _units(cfg: DictConfig) -> list[str]:
+    return [name for name, src in cfg.dataset.sources.items() if src.track == PROMPT_ONLY]
+
+
+def weights_signature(path: str | Path) -> Optional[str]:
+    """Hash of the file names and sizes of a local checkpoint directory (None for a hub id).
+
+    Names and sizes, not contents: hashing many GB of weights on every config lookup would cost
+    minutes, and a retrained or re-quantized checkpoint changes sizes or files in practice.
+    """
+    directory = Path(path)
+    if not directory.is_dir():
+        return None
+    entries = sorted(f"{p.name}:{p.stat().st_size}" for p in directory.iterdir()
+                     if p.is_file() and not p.name.startswith("."))
+    return hashlib.sha256("\n".join(entries).encode("utf-8")).hexdigest()[:16]
+
+
+def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
+    model = cfg.model
+    return {
+        "backend": cfg.server.backend,
+        "target": {"path": str(model.path), "revision": model.revision, "dtype": model.dtype,
+                   "weights": weights_signature(model.path)},
+        "thinking": bool(cfg.dataset.sources[unit].thinking),
+        "generate": OmegaConf.to_container(cfg.generate, resolve=True),
+        "seed": cfg.data.seed,
+        "format": FORMAT_VERSION,
+    }
+
+
+def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    from eagle3.stages.prep import PREP  # the stage before this one
+
+    return {"conversations": require(PREP, cfg, ctx, unit)}
+
+
+def settings_for(cfg: DictConfig, unit: str) -> GenerateSettings:
+    """Plain settings of a unit, so nothing OmegaConf reaches the backend."""
+    gen = cfg.generate
+    return GenerateSettings(max_new_tokens=int(gen.max_new_tokens), temperature=float(gen.temperature),
+                            top_p=float(gen.top_p), max_user_turns=int(gen.max_user_turns),
+                            length_policy=str(gen.length_policy),
+                            thinking=bool(cfg.dataset.sources[unit].thinking), seed=int(cfg.data.seed))
+
+
+def _batches(records: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    it = iter(records)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
+
+
+def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
+    """Counters over everything in the output files (earlier runs' work included)."""
+    writer.flush()
+    out.rejects.flush()
+    finish, ended = Counter(), Counter()
+    tokens = turns = kept_cut = 0
+    for path, is_output in ((writer.partial_path, True), (out.rejects.partial_path, False)):
+        if not path.exists():
+            continue
+        for record in read_jsonl(path):
+            generation = (record.get("meta") or {}).get("generation") if is_output else record.get("generation")
+            for turn in (generation or {}).get("turns", []):
+                finish[turn["finish_reason"]] += 1
+                tokens += turn["completion_tokens"]
+                turns += 1
+            if is_output:
+                ended[generation["ended"]] += 1
+                kept_cut += bool(record["meta"].get("truncated"))
+    return {"finish": dict(sorted(finish.items())), "ended": dict(sorted(ended.items())),
+            "tokens": tokens, "turns": turns, "length_cut_kept": kept_cut}
+
+
+def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, total: Optional[int] = None) -> dict:
+    """Regenerate the prompt-only conversations of `source` into `out` (resumable).
+
+    Separate from the stage wrapper so that a caller holding its own conversations file (a
+    test, a one-off job) runs exactly the code the stage runs.
+
+    Returns:
+        The manifest `extra`: totals over the output and this run's throughput.
+    """
+    settings = settings_for(cfg, unit)
+    writer = out.records(CONVERSATIONS_FILE)
+    backend = make_backend(cfg)  # fails fast for a backend that cannot generate
+    run = Counter()
+    seen: set = set()
+    started = time.perf_counter()
+    bar = progress(None, total=total, desc=f"generate {unit}", unit="conv")
+    try:
+        for batch in _batches(read_jsonl(source), int(cfg.generate.batch_size)):
+            out.count_in(len(batch))
+            fresh = []
+            for record in batch:  # prep's ids are unique; a repeat would be written twice
+                if record["id"] in seen:
+                    out.count_reject("duplicate_id")
+                else:
+                    seen.add(record["id"])
+                    fresh.append(record)
+            if all(out.is_done(r["id"]) for r in fresh):
+                run["batches_skipped"] += 1
+                bar.update(len(batch))
+                continue
+            t0 = time.perf_counter()
+            for outcome in regenerate_batch(backend, fresh, settings):
+                run["tokens"] += outcome.completion_tokens
+                if out.is_done(outcome.id):
+                    continue  # written by the killed run; the batch only re-ran to reproduce the rest
+                if outcome.record is not None:
+                    writer.write(outcome.record)
+                else:
+                    out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
+                               generation=outcome.generation)
+            run["batches_run"] += 1
+            run["conversations"] += len(fresh)
+            run["seconds"] += time.perf_counter() - t0
+            bar.update(len(batch))
+            bar.set_postfix(tok_s=f"{run['tokens'] / max(run['seconds'], 1e-9):.0f}")
+    finally:
+        bar.close()
+        backend.close()
+    stats = _file_stats(out, writer)
+    out.count("length_cut_kept", stats["length_cut_kept"])
+    out.count("assistant_turns", stats["turns"])
+    out.count("tokens_generated", stats["tokens"])
+    seconds = run["seconds"]
+    return {
+        "file": CONVERSATIONS_FILE,
+        "backend": backend.describe(),
+        "thinking": settings.thinking,
+        "finish_reasons": stats["finish"],
+        "ended": stats["ended"],
+        "tokens_generated": stats["tokens"],
+        "this_run": {
+            "batches_run": run["batches_run"], "batches_skipped": run["batches_skipped"],
+            "conversations": run["conversations"], "tokens_generated": run["tokens"],
+            "seconds": round(seconds, 3), "wall_s": round(time.perf_counter() - started, 3),
+            "tokens_per_s": round(run["tokens"] / seconds, 2) if seconds else None,
+            "conversations_per_s": round(run["conversations"] / seconds, 4) if seconds else None,
+        },
+    }
+
+
+def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    prep = _unit_inputs(cfg, ctx, unit)["conversations"]
+    return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, total=prep.counts.get("out"))
+
+
+GENERATE = UnitStage(
+    name="generate",
+    help="regenerate prompt-only conversations through the target (every assistant turn)",
+    units=_units,
+    unit_config=_unit_config,
+    unit_inputs=_unit_inputs,
+    run_unit=_run_unit,
+)

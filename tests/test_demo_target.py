@@ -1,0 +1,155 @@
+"""The committed demo target: loadable without remote code, Kimi-K2.5 layout, thinks, then answers."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import eagle3
+from eagle3.demo import conversations as convs
+from eagle3.demo import evaluation as ev
+from eagle3.demo import kimi_format as kf
+
+TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
+TEMPLATE = Path(eagle3.__file__).parent / "assets" / "chat_templates" / "kimi_k25.jinja"
+
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+CALL = {"id": "functions.read_file:0", "type": "function",
+        "function": {"name": "read_file", "arguments": "{\"path\": \"json/__init__.py\"}"}}
+CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "How is json.dumps implemented?"},
+    {"role": "assistant", "content": "", "reasoning_content": "Read the file first.", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "functions.read_file:0", "content": "def dumps(obj):\n    pass"},
+    {"role": "assistant", "content": "It starts with `def dumps(obj):`.", "reasoning_content": "Quote it."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TARGET)
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    return AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+
+
+def _expected_ids(tokenizer, pieces: list[str]) -> list[int]:
+    """Kimi tokens map to one id each; text between them is encoded on its own."""
+    vocab = tokenizer.get_vocab()
+    ids: list[int] = []
+    for piece in pieces:
+        ids += [vocab[piece]] if piece in kf.ALL_KIMI_TOKENS else tokenizer.encode(piece, add_special_tokens=False)
+    return ids
+
+
+def test_files_config_and_size(tokenizer):
+    names = {p.name for p in TARGET.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", "training_report.json"} <= names
+    assert sum(p.stat().st_size for p in TARGET.iterdir()) <= 25 * 2**20
+    cfg = json.loads((TARGET / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
+    layers = cfg["num_hidden_layers"]
+    assert layers >= 8 and len({2, layers // 2, layers - 3}) == 3 and layers - 3 < layers - 1
+    assert cfg["vocab_size"] == len(tokenizer)
+    gen = json.loads((TARGET / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tokenizer.convert_tokens_to_ids(kf.IM_END)
+
+
+def test_training_report_shows_real_learning():
+    report = json.loads((TARGET / "training_report.json").read_text())
+    held = report["heldout"]
+    assert held["model_all"] < 0.5 * held["unigram_all"]
+    assert held["model_assistant"] < 0.5 * held["unigram_assistant"]
+
+
+def test_chat_template_is_the_published_one(tokenizer):
+    assert tokenizer.chat_template == TEMPLATE.read_text(encoding="utf-8")
+
+
+def test_every_kimi_token_is_atomic(tokenizer):
+    for tok in kf.ALL_KIMI_TOKENS:
+        assert len(tokenizer.encode(tok, add_special_tokens=False)) == 1, tok
+    assert tokenizer.eos_token == kf.IM_END and tokenizer.pad_token == kf.PAD and tokenizer.bos_token == kf.BOS
+    ids = tokenizer.encode("<think>r</think>a<|tool_calls_section_begin|><|im_end|>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>r</think>a<|tool_calls_section_begin|>"
+
+
+def test_kimi_layout_token_by_token(tokenizer):
+    ids = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=True, return_dict=False)
+    tools_json = json.dumps(TOOLS, separators=(",", ":"))
+    expected = _expected_ids(tokenizer, [
+        kf.IM_SYSTEM, "tool_declare", kf.IM_MIDDLE, tools_json, kf.IM_END,
+        kf.IM_SYSTEM, "system", kf.IM_MIDDLE, "You are a helpful assistant.", kf.IM_END,
+        kf.IM_USER, "user", kf.IM_MIDDLE, "How is json.dumps implemented?", kf.IM_END,
+        # History turn (before the last plain answer): reasoning dropped, empty think block.
+        kf.IM_ASSISTANT, "assistant", kf.IM_MIDDLE, kf.THINK_OPEN, kf.THINK_CLOSE,
+        kf.TOOL_CALLS_BEGIN, kf.TOOL_CALL_BEGIN, "functions.read_file:0", kf.TOOL_CALL_ARG,
+        "{\"path\": \"json/__init__.py\"}", kf.TOOL_CALL_END, kf.TOOL_CALLS_END, kf.IM_END,
+        kf.IM_SYSTEM, "tool", kf.IM_MIDDLE, "## Return of functions.read_file:0\ndef dumps(obj):\n    pass", kf.IM_END,
+        kf.IM_ASSISTANT, "assistant", kf.IM_MIDDLE, kf.THINK_OPEN, kf.THINK_CLOSE,
+        "It starts with `def dumps(obj):`.", kf.IM_END,
+    ])
+    assert ids == expected
+    vocab = tokenizer.get_vocab()
+    assert ids[0] == vocab[kf.IM_SYSTEM] and ids[-1] == vocab[kf.IM_END]
+    assert tokenizer.decode(ids[1:ids.index(vocab[kf.IM_MIDDLE])]) == "tool_declare"
+    # Every turn ends with <|im_end|> and the next one starts right after it (no newlines).
+    turn_starts = {vocab[kf.IM_SYSTEM], vocab[kf.IM_USER], vocab[kf.IM_ASSISTANT]}
+    for i, tok in enumerate(ids[:-1]):
+        if tok == vocab[kf.IM_END]:
+            assert ids[i + 1] in turn_starts
+    assert sum(t == vocab[kf.IM_END] for t in ids) == 6
+
+
+def test_generation_prompt_keeps_suffix_reasoning(tokenizer):
+    ids = tokenizer.apply_chat_template(CONVERSATION[:-1], tools=TOOLS, add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    text = tokenizer.decode(ids)
+    # The tool-call turn is now after the last plain answer, so its reasoning is rendered.
+    assert f"{kf.IM_MIDDLE}{kf.THINK_OPEN}Read the file first.{kf.THINK_CLOSE}{kf.TOOL_CALLS_BEGIN}" in text
+    assert ids[-4:] == _expected_ids(tokenizer, [kf.IM_ASSISTANT, "assistant", kf.IM_MIDDLE, kf.THINK_OPEN])
+
+
+def _where_prompt() -> list[dict]:
+    """A held-out multi-turn prompt ending with "which file?": its whole answer fits in 64 tokens."""
+    for plan in convs.training_plans(1000, seed=2, split="held_out"):
+        kinds = [k for k, _, _ in plan.turns]
+        if "where" in kinds:
+            messages = convs.kimi_conversation(plan)["messages"]
+            user_idx = [i for i, m in enumerate(messages) if m["role"] == "user"]
+            return messages[: user_idx[kinds.index("where")] + 1]
+    raise LookupError("no where follow-up")
+
+
+def test_greedy_generation_thinks_then_answers(model, tokenizer):
+    ids = tokenizer.apply_chat_template(_where_prompt(), add_generation_prompt=True,
+                                        tokenize=True, return_dict=False, return_tensors="pt")
+    t0 = time.time()
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False)
+    elapsed = time.time() - t0
+    text = tokenizer.decode(out[0, ids.shape[1]:])
+    assert elapsed < 10
+    assert kf.THINK_CLOSE in text and text.endswith(kf.IM_END), text
+    reasoning, answer = text[: -len(kf.IM_END)].split(kf.THINK_CLOSE, 1)
+    assert reasoning.strip() and answer.strip(), text
+
+
+def test_tool_prompt_emits_tool_call(model, tokenizer):
+    prompt = ev.heldout_prompt("tool")
+    sample = ev.greedy_sample(model, tokenizer, prompt, max_new_tokens=96)
+    assert sample["has_tool_call"], sample["text"]
+    assert sample["tool_calls"][0]["function"]["name"] == "read_file"

@@ -1,0 +1,341 @@
+"""Stage `extract` end to end on a tiny saved Llama: store contents, reuse across scales, shard
+jobs, kill -9 and ENOSPC resume, preflight refusal, rejects, the loader, and the dry run."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import eagle3.extract.writer as writer_mod
+import eagle3.stages.extract as extract_stage
+from eagle3.artifacts import Manifest, StageOutput, read_jsonl
+from eagle3.config import validate_config
+from eagle3.extract.dataset import HiddenStateDataset
+from eagle3.extract.store import HiddenStateStore
+from eagle3.paths import PROJECT_ROOT
+from eagle3.stages import stage_names
+from eagle3.stages.base import StageContext, UnitStage
+from eagle3.stages.merge import MERGE
+from tests.conftest import compose_config
+
+CAPTURE = [1, 2, 3]
+# The merge stage with its real unit config but no upstream inputs, so tests can write a merge
+# output directly (the data stages have their own tests).
+MERGE_STANDIN = UnitStage(name="merge", help="", units=MERGE.units, unit_config=MERGE.unit_config,
+                          unit_inputs=lambda cfg, ctx, unit: {}, run_unit=MERGE.run_unit)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _merge_standin(monkeypatch):
+    monkeypatch.setattr(extract_stage, "MERGE", MERGE_STANDIN)
+    # One thread: on 2 shared cores two OpenMP threads spin-wait for each other (10 ms per tiny
+    # GEMM); the kill test's subprocess uses one thread too, so both runs compute alike.
+    torch.set_num_threads(1)
+
+
+def overrides(target_dir, root, *extra):
+    return ["stage=extract", "model=demo", "model.name=tiny", f"model.path={target_dir}", "model.num_layers=4",
+            "model.hidden_size=64", "model.vocab_size=512", f"model.capture_layers={CAPTURE}",
+            "model.draft.fc_in_features=192", "model.draft.vocab_size=256", "model.dtype=float32",
+            "model.training_chat_template=null", f"paths.root={root}", "data.eval_size=4", "data.scale=16",
+            "extract.storage_format=fp32", "extract.batch_tokens=96", *extra]
+
+
+def config(target_dir, root, *extra):
+    cfg = compose_config(overrides(target_dir, root, *extra))
+    assert validate_config(cfg, stage_names()) == []
+    return cfg
+
+
+def make_records(n, seed=0):
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        length = rng.randint(4, 40)
+        ids = [rng.randint(1, 511) for _ in range(length)]
+        mask = [0] * (length // 3) + [1] * (length - length // 3)
+        records.append({"id": f"s{i}", "source": "toy", "input_ids": ids, "loss_mask": mask, "seq_len": length})
+    return records
+
+
+def write_merge(cfg, root, train, evals):
+    out = StageOutput.open(root, "merge", cfg.dataset.name, MERGE.unit_config(cfg, cfg.dataset.name), inputs={})
+    with out:
+        for split, rows in (("train", train), ("eval", evals)):
+            writer = out.records(f"{split}.jsonl")
+            for rank, record in enumerate(rows):
+                out.count_in()
+                writer.write({**record, "split": split, "mix_rank": rank})
+        out.finalize()
+
+
+def run(cfg, root):
+    [manifest] = extract_stage.EXTRACT(cfg, StageContext(root=Path(root), run_dir=Path(root), force=bool(cfg.force)))
+    return manifest
+
+
+def store_tensors(manifest):
+    store = HiddenStateStore(manifest.extra["store_dir"])
+    rows = list(read_jsonl(Path(manifest.dir) / "keys.jsonl"))
+    return {r["key"]: store.raw(r["key"]) for r in rows}
+
+
+def assert_same_store(a, b):
+    assert a.keys() == b.keys() and a
+    for key in a:
+        for name in a[key]:
+            assert torch.equal(a[key][name], b[key][name]), (key, name)
+
+
+def test_stored_states_are_the_targets_hidden_states_and_manifest_pins_engine_ids(target_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    records = make_records(20)
+    cfg = config(target_dir, tmp_path, "extract.batch_tokens=1")  # one sample per forward
+    write_merge(cfg, tmp_path, records[:16], records[16:])
+    manifest = run(cfg, tmp_path)
+    assert manifest.status == "complete" and manifest.counts["in"] == manifest.counts["out"] == 20
+    assert manifest.extra["sglang_aux_layer_ids"] == [0, 1, 2]  # SGLang adds 1 before capturing
+    assert manifest.extra["vllm_aux_layer_ids"] == [1, 2, 3]
+    assert manifest.extra["bytes_per_token"] == 4 * 64 * 4 + 4
+    assert manifest.extra["samples_extracted"] == 20 and manifest.extra["samples_by_split"] == {"train": 16, "eval": 4}
+    assert manifest.extra["reconstruction_error"]["aux_max"] == 0.0  # fp32 stores exactly
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    data = HiddenStateDataset.from_manifests(manifest, "train")
+    assert len(data) == 16
+    for item, record in zip(data, records[:16]):
+        with torch.no_grad():
+            hs = model(torch.tensor([record["input_ids"]]), output_hidden_states=True).hidden_states
+        assert torch.equal(item["aux"], torch.cat([hs[i][0] for i in CAPTURE], dim=-1))  # bit for bit
+        assert torch.equal(item["final"], hs[-1][0])
+        assert item["loss_mask"].tolist() == record["loss_mask"] and item["id"] == record["id"]
+
+
+def test_smaller_scale_after_larger_extracts_nothing_and_loads_no_model(target_dir, tmp_path, monkeypatch):
+    records = make_records(20)
+    big = config(target_dir, tmp_path, "data.scale=16")
+    write_merge(big, tmp_path, records[:16], records[16:])
+    assert run(big, tmp_path).extra["samples_extracted"] == 20
+    small = config(target_dir, tmp_path, "data.scale=8")
+    write_merge(small, tmp_path, records[:8], records[16:])
+    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    manifest = run(small, tmp_path)
+    assert manifest.extra["samples_extracted"] == 0 and manifest.extra["samples_reused"] == 12
+    assert manifest.counts["reused"] == 12 and manifest.extra["tokens_extracted"] == 0
+
+    # A stored entry whose ids differ from the sample keyed to it is rejected, never reused.
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    store = HiddenStateStore(manifest.extra["store_dir"])
+    key = extract_stage.store_spec(small).key(records[0]["input_ids"])
+    shard = Path(store.dir) / store.entries[key].shard
+    tensors = load_file(shard)
+    with safe_open(str(shard), "pt") as fh:
+        metadata = fh.metadata()
+    tensors[f"{key}/ids"] = tensors[f"{key}/ids"].flip(0).contiguous()
+    size = shard.stat().st_size
+    save_file(tensors, shard, metadata=metadata)  # same layout, same size: the index trusts it
+    assert shard.stat().st_size == size
+    again = run(config(target_dir, tmp_path, "data.scale=8", "force=true"), tmp_path)
+    assert again.counts["rejected"] == {"stored_ids_mismatch": 1} and again.extra["samples_reused"] == 11
+
+
+def test_two_shard_jobs_together_equal_one_unsharded_job(target_dir, tmp_path):
+    records = make_records(20)
+    roots = {name: tmp_path / name for name in ("whole", "parts")}
+    for root in roots.values():
+        write_merge(config(target_dir, root), root, records[:16], records[16:])
+    whole = run(config(target_dir, roots["whole"], "extract.batch_tokens=1"), roots["whole"])
+    parts = []
+    for i in (0, 1):
+        parts.append(run(config(target_dir, roots["parts"], "extract.batch_tokens=1", f"extract.shard={i}",
+                                "extract.num_shards=2"), roots["parts"]))
+        if i == 0:
+            with pytest.raises(KeyError, match="not in the store"):
+                HiddenStateDataset.from_manifests(parts, "train")  # half the jobs: loud, not short
+    sizes = [p.extra["samples"] for p in parts]
+    assert sum(sizes) == 20 and min(sizes) > 0 and [p.extra["other_shards"] for p in parts] == sizes[::-1]
+    union = {**store_tensors(parts[0]), **store_tensors(parts[1])}
+    assert_same_store(store_tensors(whole), union)
+    assert len(list((Path(parts[0].extra["store_dir"]) / "index").glob("*.jsonl"))) == 2
+    assert len(HiddenStateDataset.from_manifests(parts, "train")) == 16
+
+
+SCRIPT = """
+import sys, time
+from pathlib import Path
+import torch
+import eagle3.extract.writer as st
+import eagle3.stages.extract as ex
+from eagle3.stages.base import StageContext
+from tests.conftest import compose_config
+from tests.test_extract_stage import MERGE_STANDIN
+ex.MERGE = MERGE_STANDIN
+torch.set_num_threads(1)
+real = st._safetensors_save
+def slow(*args, **kwargs):
+    real(*args, **kwargs)
+    time.sleep(0.3)
+st._safetensors_save = slow
+root = Path(sys.argv[1])
+ex.EXTRACT(compose_config(sys.argv[2:]), StageContext(root=root, run_dir=root))
+"""
+
+
+def index_lines(manifest_root):
+    files = list(Path(manifest_root, "hidden_states").glob("*/index/*.jsonl"))
+    return sum(f.read_bytes().count(b"\n") for f in files)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_extract_then_rerun_equals_uninterrupted_run(target_dir, tmp_path):
+    records = make_records(30, seed=1)
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    for root in (killed, clean):
+        write_merge(config(target_dir, root), root, records[:26], records[26:])
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(killed), *overrides(target_dir, killed)],
+                            cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while index_lines(killed) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
+    done_before = index_lines(killed)
+    [unit] = (killed / "extract").iterdir()
+    assert Manifest.load(unit).status == "running" and 2 <= done_before
+
+    resumed = run(config(target_dir, killed), killed)
+    assert resumed.counts["in"] == resumed.counts["out"] == 30
+    # The killed run's indexed shards are kept (their samples are not extracted again); a kill
+    # between a shard's index line and its keys.jsonl lines shows them as reused.
+    kept = resumed.extra["samples_from_earlier_runs"] + resumed.extra["samples_reused"]
+    assert 2 <= kept < 30 and resumed.extra["tokens_extracted"] + resumed.extra["tokens_reused"] == 736
+    assert_same_store(store_tensors(resumed), store_tensors(run(config(target_dir, clean), clean)))
+
+
+def test_disk_full_mid_run_stops_cleanly_and_rerun_resumes(target_dir, tmp_path, monkeypatch, capsys):
+    records = make_records(20)
+    cfg = config(target_dir, tmp_path)
+    write_merge(cfg, tmp_path, records[:16], records[16:])
+    real, calls = writer_mod._safetensors_save, []
+
+    def fills_up(tensors, path, metadata):
+        calls.append(path)
+        if len(calls) == 2:
+            Path(path).write_bytes(b"half a shard")  # what a full disk leaves behind
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(tensors, path, metadata)
+
+    monkeypatch.setattr(writer_mod, "_safetensors_save", fills_up)
+    with pytest.raises(SystemExit) as exit_info:
+        run(cfg, tmp_path)
+    assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
+    [err] = [line for line in capsys.readouterr().err.splitlines() if "eagle3:" in line]
+    assert "no space left" in err
+    store_dir = Path(extract_stage.store_dir(cfg))
+    assert index_lines(tmp_path) == 1 and len(list(store_dir.glob("shards/*/*"))) == 1  # no partial shard
+
+    monkeypatch.setattr(writer_mod, "_safetensors_save", real)
+    resumed = run(cfg, tmp_path)
+    assert resumed.counts["out"] == 20 and resumed.extra["samples_from_earlier_runs"] == 2
+    clean = tmp_path / "clean"
+    write_merge(config(target_dir, clean), clean, records[:16], records[16:])
+    assert_same_store(store_tensors(resumed), store_tensors(run(config(target_dir, clean), clean)))
+
+
+def test_preflight_refuses_before_the_model_loads(target_dir, tmp_path, monkeypatch, capsys):
+    records = make_records(20)
+    cfg = config(target_dir, tmp_path, "extract.assume_free_bytes=5000100000", "extract.disk_margin_gb=5")
+    write_merge(cfg, tmp_path, records[:16], records[16:])
+    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        run(cfg, tmp_path)
+    assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "eagle3:" in line]
+    tokens = sum(len(r["input_ids"]) for r in records)
+    need = tokens * (4 * 64 * 4 + 4) + 20 * 1024
+    assert "not enough disk" in line and f"({need:,} B) for 20 samples / {tokens:,} tokens in fp32" in line
+    assert "available 100.0 kB (100,000 B = 5,000,100,000 B free on extract.assume_free_bytes" in line
+
+
+def test_bad_records_and_nonfinite_states_are_rejected_with_reasons(target_dir, tmp_path, monkeypatch):
+    import eagle3.extract.runner as runner
+
+    records = make_records(20)
+    records[3]["input_ids"][0] = 9999  # outside the 512-token vocab
+    records[5]["loss_mask"] = records[5]["loss_mask"][:-1]
+    poisoned = records[7]["input_ids"]
+    real = runner.capture_samples
+
+    def with_nan(capture, seqs, pad_id=0):
+        results = real(capture, seqs, pad_id)
+        for (aux, _), seq in zip(results, seqs):
+            if list(seq) == poisoned:
+                aux[2, 70] = float("nan")  # second captured layer
+        return results
+
+    monkeypatch.setattr(runner, "capture_samples", with_nan)
+    cfg = config(target_dir, tmp_path, "extract.storage_format=fp8")
+    write_merge(cfg, tmp_path, records[:16], records[16:])
+    manifest = run(cfg, tmp_path)
+    assert manifest.counts["rejected"] == {"loss_mask_misaligned": 1, "nonfinite_hidden_states": 1,
+                                           "token_out_of_range": 1}
+    rejects = {r["id"]: r for r in read_jsonl(Path(manifest.dir) / "rejects.jsonl")}
+    assert rejects["s7"]["detail"] == "NaN/Inf in capture#1"
+    data = HiddenStateDataset.from_manifests(manifest, "train")
+    assert len(data) == 13 and {"s3", "s5", "s7"}.isdisjoint(data[i]["id"] for i in range(len(data)))
+
+    # The fp8 store round-trips within the error bound the stage measured and recorded.
+    from transformers import AutoModelForCausalLM
+
+    bound = manifest.extra["reconstruction_error"]
+    assert 0.005 < bound["aux_max"] < 2 ** -4 and 0.005 < bound["final_max"] < 2 ** -4
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for item in data:
+        with torch.no_grad():
+            hs = model(item["input_ids"][None], output_hidden_states=True).hidden_states
+        for got, ref, limit in ((item["aux"], torch.cat([hs[i][0] for i in CAPTURE], -1), bound["aux_max"]),
+                                (item["final"], hs[-1][0], bound["final_max"])):
+            blocks = got.shape[1] // 64
+            err = (got - ref).reshape(-1, blocks, 64).norm(dim=-1) / ref.reshape(-1, blocks, 64).norm(dim=-1)
+            assert err.max() <= limit * 1.0001 + 1e-3  # batching shifts fp32 refs by ~1e-6
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_kimi_plan_without_data_or_model(cli, tmp_path):
+    result = cli("stage=extract", "experiment=plan_v4_100k", "extract.dry_run=true",
+                 "extract.assume_free_bytes=11000000000000", root=tmp_path / "nothing")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "kimi_k25 (hidden 7,168; capture [2, 30, 58]" in out
+    assert "101,000 samples (data.scale 100,000 train + 1,000 eval) x 1,600 tokens/sample" in out
+    # (3 aux + 1 final) x 7168 x 2 B + 4 B of token id = 57,348 B; + 1 KiB per sample overhead.
+    bf16 = 101_000 * 1600 * 57_348 + 101_000 * 1024
+    assert f"bf16: 57,348 B/token (56.0 KiB) -> 9.3 TB ({bf16:,} B); 9.2 TB for the 100,000 train" in out
+    assert "91.8 GB per 1K samples; fits in 11.0 TB available" in out
+    assert "fp8 : 28,692 B/token (28.0 KiB) -> 4.6 TB" in out and "45.9 GB per 1K samples" in out
+    assert "ASSUMED" in out and not (tmp_path / "nothing" / "extract").exists()

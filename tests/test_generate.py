@@ -1,0 +1,356 @@
+"""Stage `generate` (hf backend): turn-by-turn regeneration, length policies, kill -9 resume.
+
+Two layers. A scripted backend pins the turn logic and the counting exactly (which turn ends a
+conversation, what each length policy keeps, what is rejected and counted) without a model.
+The demo target then runs the real stage: regenerated multi-turn conversations in canonical
+form with and without thinking, a forced `length` cut under both policies, a kill -9 through
+the CLI whose resumed output is byte-equal to an uninterrupted run, and the CLI chain
+demo_data -> prep -> generate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3.artifacts import Manifest, StageOutput, read_jsonl
+from eagle3.demo.kimi_format import GENERATION_PROMPT, IM_END, TOOL_CALL_ARG, TOOL_CALL_BEGIN, \
+    TOOL_CALL_END, TOOL_CALLS_BEGIN, TOOL_CALLS_END
+from eagle3.generation import BackendUnavailable, GenerationResult, make_backend
+from eagle3.generation.hf_backend import to_message
+from eagle3.generation.regenerate import GenerateSettings, batch_seed, regenerate_batch, split_turns
+from eagle3.stages import CHAIN, StageContext
+from eagle3.stages import generate as generate_stage
+from eagle3.stages.demo_data import DEMO_DATA
+from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
+from eagle3.stages.prep import PREP
+from tests.conftest import RUN_PY, compose_config
+
+UNIT = "demo_prompts"
+
+
+# ----------------------------------------------------------------------------- scripted backend
+class ScriptedBackend:
+    """Answers turn t of conversation c with SCRIPT[c][t]: 'stop', 'length', 'tool' or 'empty'."""
+
+    name = "scripted"
+
+    def __init__(self, script: dict[str, list[str]]):
+        self.script, self.calls = script, []
+
+    def describe(self):
+        return {"backend": self.name}
+
+    def generate(self, requests, params):
+        self.calls.append(([r.id for r in requests], params.seed))
+        results = []
+        for req in requests:
+            conv, turn = req.id.rsplit(":", 1)
+            kind = self.script[conv][int(turn)]
+            head = GENERATION_PROMPT if req.thinking else GENERATION_PROMPT + "</think>"
+            body = {"stop": f"why {turn}</think>answer {turn}{IM_END}",
+                    "length": "thinking and thinking",
+                    "empty": f"</think>{IM_END}" if req.thinking else IM_END,
+                    "tool": (f"look</think>{TOOL_CALLS_BEGIN}{TOOL_CALL_BEGIN}functions.read_file:0"
+                             f'{TOOL_CALL_ARG}{{"path": "x.py"}}{TOOL_CALL_END}{TOOL_CALLS_END}{IM_END}')}[kind]
+            if not req.thinking:
+                body = body.split("</think>", 1)[-1]
+            finish = {"stop": "stop", "length": "length", "empty": "stop", "tool": "tool_calls"}[kind]
+            results.append(GenerationResult(id=req.id, message=to_message(head, body, req.thinking),
+                                            finish_reason=finish, completion_tokens=len(body) // 4 + 1,
+                                            prompt_tokens=10))
+        return results
+
+    def close(self):
+        pass
+
+
+def _conv(cid: str, n_users: int, system: bool = True) -> dict:
+    messages = [{"role": "system", "content": "be brief"}] if system else []
+    for i in range(n_users):
+        messages.append({"role": "user", "content": f"question {i}"})
+    return {"id": cid, "source": UNIT, "track": "prompt_only", "messages": messages, "meta": {"k": 1}}
+
+
+def _settings(**kw) -> GenerateSettings:
+    base = dict(max_new_tokens=8, temperature=0.6, top_p=0.95, max_user_turns=8,
+                length_policy="keep_flagged", thinking=True, seed=0)
+    return GenerateSettings(**{**base, **kw})
+
+
+def test_every_user_turn_gets_a_regenerated_answer_in_canonical_form():
+    backend = ScriptedBackend({"a": ["stop"] * 3, "b": ["stop"]})
+    [a, b] = regenerate_batch(backend, [_conv("a", 3), _conv("b", 1, system=False)], _settings())
+    roles = [m["role"] for m in a.record["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    answers = [m for m in a.record["messages"] if m["role"] == "assistant"]
+    assert [m["reasoning_content"] for m in answers] == ["why 0", "why 1", "why 2"]
+    assert [m["content"] for m in answers] == ["answer 0", "answer 1", "answer 2"]
+    gen = a.record["meta"]["generation"]
+    assert gen["ended"] == "complete" and [t["finish_reason"] for t in gen["turns"]] == ["stop"] * 3
+    assert a.record["meta"]["truncated"] is False and a.record["meta"]["k"] == 1
+    # Lock-step rounds: round 0 has both conversations, later rounds only the one still going,
+    # and every round's seed is a function of the batch's ids and the round only.
+    assert [ids for ids, _ in backend.calls] == [["a:0", "b:0"], ["a:1"], ["a:2"]]
+    assert [seed for _, seed in backend.calls] == [batch_seed(["a", "b"], t, 0) for t in range(3)]
+    assert b.record["messages"][-1]["content"] == "answer 0"
+
+
+def test_thinking_off_has_no_reasoning():
+    [a] = regenerate_batch(ScriptedBackend({"a": ["stop", "stop"]}), [_conv("a", 2)], _settings(thinking=False))
+    for m in a.record["messages"]:
+        assert "reasoning_content" not in m
+    assert [m["content"] for m in a.record["messages"] if m["role"] == "assistant"] == ["answer 0", "answer 1"]
+
+
+def test_length_cut_keep_flagged_keeps_up_to_the_cut_and_drop_rejects():
+    script = {"a": ["stop", "length", "stop"]}
+    [kept] = regenerate_batch(ScriptedBackend(script), [_conv("a", 3)], _settings())
+    assert kept.record["meta"]["truncated"] is True
+    assert [m["role"] for m in kept.record["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert kept.record["meta"]["generation"]["ended"] == "length"
+    assert kept.record["meta"]["generation"]["dropped_user_turns"] == 1
+    [dropped] = regenerate_batch(ScriptedBackend(script), [_conv("a", 3)], _settings(length_policy="drop"))
+    assert dropped.record is None and dropped.reason == "length_cut" and dropped.detail["turn"] == 1
+
+
+def test_tool_call_ends_the_conversation_and_empty_answers_are_rejected():
+    backend = ScriptedBackend({"t": ["stop", "tool", "stop"], "e": ["stop", "empty"]})
+    [tool, empty] = regenerate_batch(backend, [_conv("t", 3), _conv("e", 2)], _settings())
+    last = tool.record["messages"][-1]
+    assert last["tool_calls"][0]["function"] == {"name": "read_file", "arguments": '{"path": "x.py"}'}
+    assert tool.record["meta"]["generation"]["ended"] == "tool_calls"
+    assert tool.record["meta"]["generation"]["turns"][-1]["finish_reason"] == "tool_calls"
+    assert empty.record is None and empty.reason == "empty_generation"
+
+
+def test_max_user_turns_and_conversations_without_user_turn():
+    [a, z] = regenerate_batch(ScriptedBackend({"a": ["stop"] * 4}),
+                              [_conv("a", 4), {"id": "z", "messages": [{"role": "system", "content": "x"}]}],
+                              _settings(max_user_turns=2))
+    assert sum(m["role"] == "user" for m in a.record["messages"]) == 2
+    assert a.record["meta"]["generation"]["ended"] == "max_user_turns"
+    assert z.reason == "no_user_turn"
+    turns, ignored = split_turns([{"role": "user", "content": "q"}, {"role": "assistant", "content": "foreign"},
+                                  {"role": "user", "content": "q2"}, {"role": "system", "content": "late"}])
+    assert [[m["content"] for m in t] for t in turns] == [["q"], ["q2"]] and ignored == 2
+
+
+def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
+    script = {"c0": ["stop", "stop"], "c1": ["length"], "c2": ["stop", "length"], "c3": ["empty"], "c4": ["tool"]}
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps(_conv(c, len(t))) + "\n" for c, t in script.items()]
+    source.write_text("".join([lines[0], *lines]))  # c0 twice, in one batch: counted, not rewritten
+    monkeypatch.setattr(generate_stage, "make_backend", lambda cfg: ScriptedBackend(script))
+    counts = {}
+    for policy in ("keep_flagged", "drop"):
+        cfg = compose_config(["dataset=demo_prompts", f"generate.length_policy={policy}", "generate.batch_size=2"])
+        out = StageOutput.open(tmp_path / "root", "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
+        with out:
+            manifest = out.finalize(extra=generate_stage.generate_file(cfg, UNIT, source, out))
+        counts[policy] = manifest.counts
+        assert manifest.extra["finish_reasons"] == {"length": 2, "stop": 4, "tool_calls": 1}
+    assert counts["keep_flagged"]["in"] == counts["drop"]["in"] == 6
+    assert counts["keep_flagged"]["rejected"] == {"duplicate_id": 1, "empty_generation": 1}
+    assert counts["keep_flagged"]["length_cut_kept"] == 2 and counts["keep_flagged"]["out"] == 4
+    assert counts["drop"]["rejected"] == {"duplicate_id": 1, "empty_generation": 1, "length_cut": 2}
+    assert counts["drop"]["length_cut_kept"] == 0 and counts["drop"]["out"] == 2
+    assert counts["drop"]["tokens_generated"] == counts["keep_flagged"]["tokens_generated"] > 0
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_http_backends_say_they_are_not_available_yet(backend):
+    cfg = compose_config([f"server={backend}"])
+    with pytest.raises(BackendUnavailable) as info:
+        make_backend(cfg)
+    message = str(info.value)
+    assert "\n" not in message and "not available yet" in message and "server=hf" in message
+
+
+def test_generate_is_registered_after_prep():
+    names = [s.name for s in CHAIN]
+    assert names.index("prep") + 1 == names.index("generate") < names.index("tokenize")
+
+
+# ----------------------------------------------------------------------------- the demo target
+# One torch thread: on 2 cores shared with other jobs, two spinning OpenMP threads make the demo
+# target ~20x slower per step (BENCHMARKS.md). The CLI subprocesses get the same via the env.
+THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+N_CONVS = 8
+MAX_NEW = 64  # long enough for the demo target to finish some thinking turns and go on
+REAL = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={N_CONVS}",
+        "generate.batch_size=4", f"generate.max_new_tokens={MAX_NEW}")
+
+
+def _stage_cfg(root: Path, *overrides: str):
+    return compose_config([*REAL, f"paths.root={root}", *overrides])
+
+
+def _run_chain(root: Path, *overrides: str) -> Manifest:
+    """demo_data -> prep -> generate in this process; returns the generate manifest."""
+    cfg = _stage_cfg(root, *overrides)
+    ctx = StageContext(root=root, run_dir=root / "run")
+    DEMO_DATA(cfg, ctx)
+    PREP(cfg, ctx)
+    [manifest] = GENERATE(cfg, ctx)
+    return manifest
+
+
+def _prompts(root: Path, *overrides: str) -> dict[str, list[str]]:
+    cfg = _stage_cfg(root, *overrides)
+    prep = PREP.locate(cfg, StageContext(root=root, run_dir=root), UNIT)[1]
+    return {r["id"]: [m["content"] for m in r["messages"] if m["role"] == "user"]
+            for r in read_jsonl(prep.dir / CONVERSATIONS_FILE)}
+
+
+def _reconciled(m: Manifest) -> None:
+    assert m.status == "complete"
+    assert m.counts["in"] == N_CONVS == m.counts["out"] + sum(m.counts["rejected"].values()), m.counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("thinking", [True, False])
+def test_regenerates_every_turn_with_the_sources_thinking_mode(tmp_path, thinking):
+    manifest = _run_chain(tmp_path, f"dataset.sources.demo_prompts.thinking={str(thinking).lower()}")
+    _reconciled(manifest)
+    prompts = _prompts(tmp_path, f"dataset.sources.demo_prompts.thinking={str(thinking).lower()}")
+    records = list(read_jsonl(manifest.dir / CONVERSATIONS_FILE))
+    assert records and manifest.counts["out"] == len(records)
+    finish = {}
+    for rec in records:
+        gen = rec["meta"]["generation"]
+        users = [m["content"] for m in rec["messages"] if m["role"] == "user"]
+        assert users == prompts[rec["id"]][:len(users)], "user turns are replayed in order"
+        # Every user turn is answered by exactly one regenerated assistant turn, right after it.
+        roles = [m["role"] for m in rec["messages"] if m["role"] != "system"]
+        assert roles == ["user", "assistant"] * len(users)
+        assert len(gen["turns"]) == len(users) and gen["thinking"] is thinking
+        for msg, turn in zip([m for m in rec["messages"] if m["role"] == "assistant"], gen["turns"]):
+            assert ("reasoning_content" in msg) is thinking
+            assert turn["finish_reason"] in ("stop", "length", "tool_calls") and 0 < turn["completion_tokens"] <= MAX_NEW
+            finish[turn["finish_reason"]] = finish.get(turn["finish_reason"], 0) + 1
+            if turn["finish_reason"] == "length":
+                assert turn["completion_tokens"] == MAX_NEW and rec["meta"]["truncated"]
+        dropped = len(prompts[rec["id"]]) - len(users)
+        assert gen["dropped_user_turns"] == dropped
+        assert (gen["ended"] == "complete") == (dropped == 0 and gen["turns"][-1]["finish_reason"] == "stop")
+    assert manifest.extra["finish_reasons"] == dict(sorted(finish.items()))
+    assert manifest.counts["assistant_turns"] == sum(finish.values())
+    if thinking:
+        assert any(m.get("reasoning_content") for r in records for m in r["messages"])
+    # The foreign (rule-based) answers of the raw data are nowhere in the output.
+    [raw] = [Manifest.load(d) for d in (tmp_path / "demo_data").iterdir()]
+    foreign = {t["value"] for r in read_jsonl(raw.dir / "data.jsonl") for t in r["conversations"] if t["from"] == "gpt"}
+    answers = {m["content"] for r in records for m in r["messages"] if m["role"] == "assistant"}
+    assert foreign and not foreign & answers
+    assert any(len(r["meta"]["generation"]["turns"]) > 1 for r in records), "no multi-turn regeneration seen"
+
+
+@pytest.mark.slow
+def test_tiny_max_new_tokens_forces_length_under_both_policies(tmp_path):
+    runs = {policy: _run_chain(tmp_path, "generate.max_new_tokens=2", f"generate.length_policy={policy}")
+            for policy in ("keep_flagged", "drop")}
+    keep, drop = runs["keep_flagged"], runs["drop"]
+    for m in runs.values():
+        _reconciled(m)
+    n_cut = keep.extra["finish_reasons"].get("length", 0)
+    assert n_cut >= N_CONVS - 1, keep.extra
+    assert keep.counts["length_cut_kept"] == n_cut and "length_cut" not in keep.counts["rejected"]
+    assert drop.counts["rejected"].get("length_cut") == n_cut and drop.counts["length_cut_kept"] == 0
+    assert drop.counts["out"] == keep.counts["out"] - n_cut
+    for rec in read_jsonl(keep.dir / CONVERSATIONS_FILE):
+        assert rec["messages"][-1]["role"] == "assistant"
+        if rec["meta"]["truncated"]:
+            assert rec["meta"]["generation"]["turns"][-1] == {**rec["meta"]["generation"]["turns"][-1],
+                                                               "finish_reason": "length", "completion_tokens": 2}
+    rejects = list(read_jsonl(drop.dir / "rejects.jsonl"))
+    assert {r["reason"] for r in rejects} <= {"length_cut", "empty_generation"}
+
+
+KILL = ("generate.batch_size=2", "generate.max_new_tokens=16")  # 4 batches: time to kill mid-way
+
+
+def _cli(root: Path, *args: str, multirun: bool = False) -> list[str]:
+    flags = ["-m"] if multirun else []
+    return [sys.executable, str(RUN_PY), *flags, *REAL, *KILL, *args, f"paths.root={root}"]
+
+
+def _lines(*paths: Path) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
+
+
+@pytest.mark.slow
+def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path):
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1", **THREADS_ENV)
+    killed = tmp_path / "killed"
+    # The CLI chain demo_data -> prep -> generate (the first two as one sequential multirun,
+    # which saves a process start).
+    done = subprocess.run(_cli(killed, "stage=demo_data,prep", multirun=True), cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cfg = _stage_cfg(killed, *KILL)
+    unit_dir = GENERATE.locate(cfg, StageContext(root=killed, run_dir=killed), UNIT)[0]
+    partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
+
+    proc = subprocess.Popen(_cli(killed, "stage=generate"), cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and _lines(*partials) == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc.poll() is None, "generate finished (or died) before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert Manifest.load(unit_dir).status == "running"
+    assert 0 < _lines(*partials) < N_CONVS
+
+    rerun = subprocess.run(_cli(killed, "stage=generate"), cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "[generate] demo_prompts" in rerun.stdout + rerun.stderr
+    resumed = Manifest.load(unit_dir)
+    assert resumed.status == "complete" and resumed.extra["this_run"]["batches_skipped"] >= 1
+
+    clean = _run_chain(tmp_path / "clean", *KILL)
+    assert clean.dir.name == unit_dir.name  # same config and inputs -> same fingerprint
+    assert (unit_dir / CONVERSATIONS_FILE).read_bytes() == (clean.dir / CONVERSATIONS_FILE).read_bytes()
+    assert (unit_dir / "rejects.jsonl").read_bytes() == (clean.dir / "rejects.jsonl").read_bytes()
+    assert resumed.counts == clean.counts and clean.counts["in"] == N_CONVS
+
+    # A batch cut half-way (the kill landed between two writes): the rerun reruns the whole
+    # batch, reproduces it exactly and writes only what is missing.
+    half = tmp_path / "half"
+    cfg, ctx = _stage_cfg(half, *KILL), StageContext(root=half, run_dir=half)
+    DEMO_DATA(cfg, ctx)
+    PREP(cfg, ctx)
+    clean_lines = (clean.dir / CONVERSATIONS_FILE).read_bytes().splitlines(keepends=True)
+    with StageOutput.open(half, "generate", UNIT, generate_stage._unit_config(cfg, UNIT),
+                          inputs=generate_stage._unit_inputs(cfg, ctx, UNIT)) as out:
+        for line in clean_lines[:3]:
+            out.records(CONVERSATIONS_FILE).write(json.loads(line))
+    [again] = GENERATE(cfg, ctx)
+    assert (again.dir / CONVERSATIONS_FILE).read_bytes() == b"".join(clean_lines)
+    assert again.counts == clean.counts and again.extra["this_run"]["batches_run"] >= 1
