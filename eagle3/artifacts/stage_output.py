@@ -521,12 +521,14 @@ def _stderr_is_tty() -> bool:
 
 
 def log_summary(manifest: Manifest) -> str:
-    """Print and log the manifest's summary line, the one line a person reads per stage.
+    """Log the manifest's summary line, the one line a person reads per stage.
+
+    Logged rather than printed: under the entrypoint, Hydra's logging sends it both to the
+    console and to the job's log file, and printing as well would show it twice.
 
     Returns:
         The line.
     """
     line = manifest.summary_line()
-    print(line, flush=True)
     logger.info(line)
     return line

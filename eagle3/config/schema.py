@@ -118,7 +118,7 @@ class PrepConfig:
 class GenerateConfig:
     """Regeneration of prompt-only conversations through the target (stage generate)."""
 
-    max_new_tokens: int = 1024
+    max_new_tokens: int = 256
     temperature: float = 0.6
     top_p: float = 0.95
     batch_size: int = 16
