@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from eagle3.config import validate_config
 from eagle3.errors import Eagle3Error
 from eagle3.stages import StageContext, stage_names, stages_to_run
+from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
 
@@ -40,14 +41,17 @@ def run_job(cfg: DictConfig) -> int:
     ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
     started = time.perf_counter()
     outputs: list[Path] = []
-    for stage in stages_to_run(cfg.stage):
-        log.info("stage %s: %s", stage.name, stage.help)
-        try:
-            manifests = stage(cfg, ctx)
-        except Eagle3Error as exc:
-            print(f"eagle3: {exc}", file=sys.stderr)
-            return EXIT_STAGE_ERROR
-        outputs.extend(Path(m.dir) for m in manifests)
+    try:
+        for stage in stages_to_run(cfg.stage):
+            log.info("stage %s: %s", stage.name, stage.help)
+            try:
+                manifests = stage(cfg, ctx)
+            except Eagle3Error as exc:
+                print(f"eagle3: {exc}", file=sys.stderr)
+                return EXIT_STAGE_ERROR
+            outputs.extend(Path(m.dir) for m in manifests)
+    finally:
+        finish_job()  # one W&B run per job: closed here, also when a stage failed
     log.info("done in %.1f s; artifacts under %s", time.perf_counter() - started, root)
     for out in outputs:
         log.info("  %s", out)

@@ -14,6 +14,9 @@ SMALL = (
     "generate.max_new_tokens=96",
     "generate.batch_size=8",
     "data.eval_size=4",
+    "train.max_epochs=2",
+    "eval.num_prompts=2",
+    "eval.max_new_tokens=24",
 )
 
 

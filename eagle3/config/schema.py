@@ -235,8 +235,26 @@ class TrainConfig:
     precision: str = "auto"  # auto = bf16-mixed on GPU, 32-true on CPU
     accelerator: str = "auto"
     devices: Any = "auto"
-    strategy: str = "auto"  # auto | ddp | fsdp
+    strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # last.ckpt every N optimizer steps (and at each epoch end); a rerun resumes from it.
+    checkpoint_every_n_steps: int = 50
+    # Query rows per block of the TTT attention: peak score memory ~ block x seq_len per head.
+    attention_block: int = 256
+    log_every_n_steps: int = 10
+    eval_every_n_epochs: int = 1
+    num_workers: int = 0
+    export_dtype: str = "bfloat16"
+
+
+@dataclass
+class EvalConfig:
+    """Draft evaluation: simulated acceptance on the eval split, real speculative decoding."""
+
+    ks: List[int] = field(default_factory=lambda: [3, 5])  # draft tokens per verify step
+    max_new_tokens: int = 128
+    num_prompts: int = 16  # held-out prompts (first assistant turn of eval samples); 0 = skip
+    check_lossless: bool = True
 
 
 @dataclass
@@ -256,6 +274,7 @@ class Eagle3Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     # Lightning logger, instantiated from its _target_; typed by the per-option schemas in
     # store.py (None = no logger).
     logger: Any = None

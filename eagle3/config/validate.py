@@ -39,7 +39,8 @@ LENGTH_POLICIES = ("keep_flagged", "drop")
 OVERLENGTH_POLICIES = ("truncate", "drop")
 EXTRACT_BACKENDS = ("hf",)
 OUT_OF_VOCAB_POLICIES = ("mask", "keep")
-STRATEGIES = ("auto", "ddp", "fsdp")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 SECRET_KEY_RE = re.compile(
     r"^(token|secret|password)$|(api_?key|access_token|auth_token|hf_token|_password|_secret)$"
@@ -289,6 +290,23 @@ def _check_stages(cfg: DictConfig, err: _Errors) -> None:
         err.add("train.warmup_ratio", tr.warmup_ratio, "a fraction of the steps", "[0, 1)")
     if tr.grad_clip < 0:
         err.add("train.grad_clip", tr.grad_clip, "cannot be negative", ">= 0 (0 = off)")
+    if tr.checkpoint_every_n_steps < 0:
+        err.add("train.checkpoint_every_n_steps", tr.checkpoint_every_n_steps, "cannot be negative",
+                ">= 0 (0 = at epoch ends only)")
+    err.positive("train.attention_block", tr.attention_block)
+    err.positive("train.log_every_n_steps", tr.log_every_n_steps)
+    err.positive("train.eval_every_n_epochs", tr.eval_every_n_epochs)
+    err.choice("train.export_dtype", tr.export_dtype, EXPORT_DTYPES)
+    if tr.max_epochs < 1 and tr.max_steps < 1:
+        err.add("train.max_epochs", tr.max_epochs, "with max_steps <= 0 training would never stop",
+                ">= 1, or set train.max_steps")
+
+    ev = cfg.eval
+    if not ev.ks or any(int(k) < 1 for k in ev.ks):
+        err.add("eval.ks", list(ev.ks), "draft lengths to evaluate must be positive", "e.g. [3, 5]")
+    err.positive("eval.max_new_tokens", ev.max_new_tokens)
+    if ev.num_prompts < 0:
+        err.add("eval.num_prompts", ev.num_prompts, "cannot be negative", ">= 0 (0 = skip real decoding)")
 
     prep = cfg.prep
     err.positive("prep.min_user_turns", prep.min_user_turns)

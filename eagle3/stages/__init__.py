@@ -47,6 +47,8 @@ CHAIN: tuple[RegisteredStage, ...] = (
     RegisteredStage("merge", "eagle3.stages.merge:MERGE"),
     RegisteredStage("vocab", "eagle3.stages.vocab:VOCAB"),
     RegisteredStage("extract", "eagle3.stages.extract:EXTRACT"),
+    RegisteredStage("train", "eagle3.stages.train:TRAIN"),
+    RegisteredStage("eval", "eagle3.stages.eval:EVAL"),
 )
 REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in CHAIN}
 ALL = "all"

@@ -1,0 +1,114 @@
+"""Attention of the draft: the training-time-test pattern in linear memory, and a KV cache.
+
+Training-time test (DESIGN.md section 4): at step k the query of position t attends to the
+step-0 keys of positions <= t (causal) and to the keys that steps 1..k produced at the same
+position t. Written as one mask this is an L x (k+1)L matrix; here the causal part is computed
+one query block at a time and the diagonal part as per-position dot products, both inside one
+softmax, and every block is recomputed in backward (activation checkpointing), so neither
+forward nor backward ever holds more than `block_size x L` scores per head.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for integer positions `[...]` -> cos, sin `[..., head_dim]` (Llama layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [..., D/2]
+    emb = torch.cat([angles, angles], dim=-1)  # [..., D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[B, heads, T, D]`, cos/sin `[T, D]` or `[B, 1, T, D]`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor,
+                     start: int, scale: float) -> torch.Tensor:
+    """One query block against its causal prefix and its own diagonal keys.
+
+    Shapes (G = query heads per kv head, b = block length, e = start + b, S = diagonal steps):
+    q `[B, Hkv, G, b, D]`, k0/v0 `[B, Hkv, 1, e, D]`, kd/vd `[B, Hkv, 1, b, S, D]`.
+    """
+    b, e = q.shape[-2], k0.shape[-2]
+    causal = (q.new_ones(b, e, dtype=torch.bool)).tril(diagonal=start)  # query i sees keys <= start + i
+    s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, Hkv, G, b, e]
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # [B, Hkv, G, b, S]
+    probs = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(probs[..., :e], v0)  # [B, Hkv, G, b, D]
+    return out + (probs[..., e:].unsqueeze(-1) * vd).sum(-2)
+
+
+def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
+                  block_size: int = 256) -> torch.Tensor:
+    """Attention of step k = len(keys) - 1 of the training-time test.
+
+    Args:
+        q: Queries of step k, `[B, Hq, T, D]`, rope already applied.
+        keys / values: Per step 0..k, `[B, Hkv, T, D]` each (rope applied to keys).
+        block_size: Query rows per block; peak score memory is `B * Hq * block_size * T`.
+
+    Returns:
+        `[B, Hq, T, D]`.
+    """
+    bsz, hq, seq, dim = q.shape
+    hkv = keys[0].shape[1]
+    groups = hq // hkv
+    scale = 1.0 / math.sqrt(dim)
+    qg = q.view(bsz, hkv, groups, seq, dim)
+    k0, v0 = keys[0].unsqueeze(2), values[0].unsqueeze(2)  # [B, Hkv, 1, T, D]
+    if len(keys) > 1:
+        kd = torch.stack(list(keys[1:]), dim=-2).unsqueeze(2)  # [B, Hkv, 1, T, S, D]
+        vd = torch.stack(list(values[1:]), dim=-2).unsqueeze(2)
+    else:
+        kd = vd = q.new_zeros(bsz, hkv, 1, seq, 0, dim)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, *keys, *values))
+    outs = []
+    for start in range(0, seq, block_size):
+        end = min(seq, start + block_size)
+        args = (qg[..., start:end, :], k0[..., :end, :], v0[..., :end, :], kd[..., start:end, :, :],
+                vd[..., start:end, :, :], start, scale)
+        outs.append(checkpoint(_block_attention, *args, use_reentrant=False) if grad else _block_attention(*args))
+    return torch.cat(outs, dim=-2).view(bsz, hq, seq, dim)
+
+
+class DraftKVCache:
+    """Keys/values of the draft's one attention layer for decoding, `[B, Hkv, len, D]`.
+
+    Speculative decoding appends drafted positions and rolls them back after verification
+    (`crop`), exactly like the target's cache.
+    """
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def crop(self, length: int) -> None:
+        if self.keys is not None:
+            self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append `k`, `v` (`[B, Hkv, n, D]`) and attend causally from the n new queries `[B, Hq, n, D]`."""
+        past = len(self)
+        self.keys = k if self.keys is None else torch.cat([self.keys, k], dim=-2)
+        self.values = v if self.values is None else torch.cat([self.values, v], dim=-2)
+        n, total = q.shape[-2], self.keys.shape[-2]
+        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        groups = q.shape[1] // k.shape[1]
+        keys = self.keys.repeat_interleave(groups, dim=1) if groups > 1 else self.keys
+        values = self.values.repeat_interleave(groups, dim=1) if groups > 1 else self.values
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)

@@ -1,0 +1,120 @@
+"""Lightning wrapper of the draft: TTT loss, per-step metrics, optimizer and schedule.
+
+Metrics logged per TTT step k (train and eval): `loss_k`, `acc_k` (top-1 agreement with the
+target), and `sim_accept_len` = 1 + sum_k prod_{j<=k} acc_j. Eval metrics are pooled over the
+whole eval split (and over ranks) before they are logged, so they are one figure per eval.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+
+from eagle3.draft.geometry import DraftGeometry
+from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.ttt import simulated_accept_length, teacher_targets, ttt_forward
+
+
+def cosine_with_warmup(step: int, total: int, warmup: int, floor: float = 0.1) -> float:
+    """LR multiplier: linear warmup to 1, then cosine down to `floor`."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class DraftModule(L.LightningModule):
+    """Trains an `Eagle3Draft` against stored target states.
+
+    Args:
+        geometry: Draft shape. head: Frozen target lm_head `[V, H_t]` (the teacher).
+        embed / d2t / t2d: Target embedding and vocab maps, copied into the draft when given
+            (a resumed run gets them from its checkpoint instead).
+        train_cfg: Plain dict of the `train` config (ttt_steps, ttt_decay, out_of_vocab,
+            optimizer with `_target_`, warmup_ratio, ...).
+    """
+
+    def __init__(self, geometry: DraftGeometry, head: torch.Tensor, train_cfg: Mapping[str, Any],
+                 embed: torch.Tensor | None = None, d2t: torch.Tensor | None = None,
+                 t2d: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.draft = Eagle3Draft(geometry)
+        if embed is not None:
+            self.draft.init_from_target(embed, head, d2t, t2d)
+        self.register_buffer("teacher_head", head.float(), persistent=False)
+        self.cfg = dict(train_cfg)
+        self.steps = int(self.cfg["ttt_steps"])
+        self._eval_sums: dict[str, torch.Tensor] = {}
+        self.last_eval: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ forward
+    def run_batch(self, batch: dict[str, torch.Tensor]):
+        teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids())
+        return ttt_forward(self.draft, batch["aux"], batch["input_ids"], batch["loss_mask"], batch["lengths"],
+                           teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
+                           out_of_vocab=str(self.cfg["out_of_vocab"]),
+                           block_size=int(self.cfg.get("attention_block", 256)))
+
+    def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
+        metrics = {f"{prefix}/loss": out.loss.detach()}
+        accs = []
+        for k in range(len(out.step_loss)):
+            acc = out.correct[k].float() / out.counted[k].clamp(min=1).float()
+            accs.append(float(acc))
+            metrics[f"{prefix}/loss_{k}"] = out.step_loss[k]
+            metrics[f"{prefix}/acc_{k}"] = acc
+        metrics[f"{prefix}/sim_accept_len"] = torch.tensor(simulated_accept_length(accs))
+        return metrics
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.run_batch(batch)
+        tokens = batch["lengths"].sum()
+        self.log_dict(self._step_metrics(out, "train"), on_step=True, on_epoch=False, prog_bar=False,
+                      batch_size=int(tokens))
+        self.log("train/tokens", tokens.float(), on_step=True, reduce_fx="sum", batch_size=1)
+        self.log("loss", out.loss.detach(), prog_bar=True, logger=False, batch_size=int(tokens))
+        return out.loss
+
+    # ------------------------------------------------------------------ eval
+    def on_validation_epoch_start(self) -> None:
+        self._eval_sums = {}
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = self.run_batch(batch)
+        parts = {"loss_sum": out.step_loss * out.loss_tokens, "loss_tokens": out.loss_tokens.float(),
+                 "correct": out.correct.float(), "counted": out.counted.float()}
+        for key, value in parts.items():
+            value = torch.nn.functional.pad(value, (0, self.steps - len(value)))
+            self._eval_sums[key] = self._eval_sums.get(key, 0) + value
+
+    def on_validation_epoch_end(self) -> None:
+        sums = {k: self._eval_sums.get(k, torch.zeros(self.steps, device=self.device)) for k in
+                ("loss_sum", "loss_tokens", "correct", "counted")}
+        if self.trainer.world_size > 1:
+            sums = {k: self.all_gather(v).sum(0) for k, v in sums.items()}
+        step_loss = sums["loss_sum"] / sums["loss_tokens"].clamp(min=1)
+        acc = sums["correct"] / sums["counted"].clamp(min=1)
+        decay = float(self.cfg["ttt_decay"])
+        metrics = {"eval/loss": sum(decay ** k * step_loss[k] for k in range(self.steps))}
+        for k in range(self.steps):
+            metrics[f"eval/loss_{k}"] = step_loss[k]
+            metrics[f"eval/acc_{k}"] = acc[k]
+        sim = simulated_accept_length(acc)
+        metrics["eval/sim_accept_len"] = torch.tensor(sim)
+        self.log_dict(metrics, sync_dist=False)
+        self.last_eval = {"acc": [round(float(a), 5) for a in acc], "step_loss": [round(float(x), 5) for x in step_loss],
+                          "sim_accept_len": round(sim, 4), "counted": [int(c) for c in sums["counted"]],
+                          "epoch": int(self.current_epoch), "global_step": int(self.global_step)}
+
+    # ------------------------------------------------------------------ optimisation
+    def configure_optimizers(self):
+        params = [p for p in self.draft.parameters() if p.requires_grad]
+        optimizer = instantiate(dict(self.cfg["optimizer"]), params=params, _convert_="all")
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = int(round(float(self.cfg.get("warmup_ratio", 0.0)) * total))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_with_warmup(s, total, warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,170 @@
+"""The EAGLE-3 draft network: fc fusion, one decoder layer over [embed; hidden], draft lm_head.
+
+Parameter names are the serving engines' (FACTS.md "Draft checkpoint"): `fc`, `midlayer.*`,
+`norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`, so export is a rename-free copy. The layer
+follows the engines' forward exactly, because a draft trained on a different residual
+convention loads without error and then accepts nothing:
+
+    residual = hidden
+    x = cat(input_layernorm(embed(token)), hidden_norm(hidden))        # [.., 2H]
+    h = o_proj(attn(q/k/v_proj(x))) + residual
+    out = mlp(post_attention_layernorm(h)) + h                         # next step's hidden
+    logits = lm_head(norm(out))                                         # over the draft vocab
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from eagle3.draft.attention import apply_rope, rope_cos_sin
+from eagle3.draft.geometry import DraftGeometry
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class DraftAttention(nn.Module):
+    """q/k/v read the 2H concatenation; the attention pattern is supplied by the caller."""
+
+    def __init__(self, g: DraftGeometry) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = g.num_attention_heads, g.num_key_value_heads, g.head_dim
+        self.q_proj = nn.Linear(2 * g.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * g.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * g.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, g.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        bsz, seq, _ = x.shape  # x [B, T, 2H]
+        q = self.q_proj(x).view(bsz, seq, self.heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
+        k = self.k_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.v_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v)  # [B, Hq, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.heads * self.head_dim))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, g: DraftGeometry) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(g.hidden_size, g.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(g.intermediate_size, g.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    def __init__(self, g: DraftGeometry) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.hidden_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.self_attn = DraftAttention(g)
+        self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.mlp = DraftMLP(g)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Attend) -> torch.Tensor:
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
+        h = self.self_attn(x, cos, sin, attend) + hidden
+        return self.mlp(self.post_attention_layernorm(h)) + h
+
+
+class Eagle3Draft(nn.Module):
+    """The draft model. `embed_tokens` is the target's, frozen; `d2t`/`t2d` map vocabularies.
+
+    `d2t[i]` is an offset: draft id i predicts target id `i + d2t[i]`; `t2d[j]` says whether
+    target id j is in the draft vocab.
+    """
+
+    def __init__(self, g: DraftGeometry) -> None:
+        super().__init__()
+        self.geometry = g
+        self.embed_tokens = nn.Embedding(g.vocab_size, g.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(g.fc_in_features, g.hidden_size, bias=False)
+        self.midlayer = DraftDecoderLayer(g)
+        self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.lm_head = nn.Linear(g.hidden_size, g.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(g.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(g.vocab_size, dtype=torch.bool))
+
+    @torch.no_grad()
+    def init_from_target(self, embed: torch.Tensor, lm_head: torch.Tensor, d2t: torch.Tensor,
+                         t2d: torch.Tensor) -> None:
+        """Copy the target's embedding and the draft-vocab rows of its lm_head; set the maps.
+
+        Args:
+            embed: Target input embedding `[V, H_target]`.
+            lm_head: Target output head `[V, H_target]`.
+            d2t: `[draft_vocab]` offsets; t2d: `[V]` bool.
+        """
+        g = self.geometry
+        if embed.shape != (g.vocab_size, g.hidden_size):
+            raise ValueError(f"target embedding {tuple(embed.shape)} does not match the draft geometry "
+                             f"(vocab {g.vocab_size}, hidden {g.hidden_size})")
+        if d2t.shape != (g.draft_vocab_size,) or t2d.shape != (g.vocab_size,):
+            raise ValueError(f"d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not match draft vocab "
+                             f"{g.draft_vocab_size} / target vocab {g.vocab_size}")
+        self.embed_tokens.weight.copy_(embed)
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+        if lm_head.shape[1] == g.hidden_size:
+            self.lm_head.weight.copy_(lm_head[self.draft_ids()])
+
+    def draft_ids(self) -> torch.Tensor:
+        """Target id of each draft id, `[draft_vocab]`."""
+        return torch.arange(self.geometry.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions `[T]` (shared by the batch) or `[B, T]` -> broadcastable to q."""
+        cos, sin = rope_cos_sin(positions, self.geometry.head_dim, self.geometry.rope_theta, dtype)
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+        return cos, sin
+
+    def step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+             attend: Attend) -> torch.Tensor:
+        """One draft step: hidden `[B, T, H]` (fc output or previous step), ids `[B, T]` -> `[B, T, H]`."""
+        cos, sin = self.rope(positions, hidden.dtype)
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        return self.midlayer(embeds, hidden, cos, sin, attend)
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab logits `[..., draft_vocab]` of step output states `[..., H]`."""
+        return self.lm_head(self.norm(state))
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """Fuse the captured target states `[..., C*H_t]` into the draft's hidden `[..., H]`."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}
+
+
+def count_trainable(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def greedy_draft_token(model: Eagle3Draft, state: torch.Tensor) -> torch.Tensor:
+    """Target ids of the draft's argmax for states `[..., H]`."""
+    return model.draft_ids()[model.logits(state).argmax(-1)]
+
+
+__all__ = ["Eagle3Draft", "RMSNorm", "count_trainable", "greedy_draft_token"]

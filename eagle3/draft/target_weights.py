@@ -1,0 +1,90 @@
+"""The two target tensors the draft borrows: input embedding and output head.
+
+Training needs the embedding (frozen, copied into the draft) and the lm_head (the teacher's
+logits), nothing else. Loading a 1 T-parameter target to get them would take hours, so they are
+read straight from the checkpoint's safetensors files (only the shards that hold them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+from safetensors import safe_open
+
+from eagle3.errors import Eagle3Error
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+
+
+class TargetWeightsError(Eagle3Error):
+    """The target checkpoint lacks an embedding or head we can identify."""
+
+
+def _resolve_dir(path: str, revision: Optional[str], cache_dir: Optional[str]) -> Path:
+    """A local directory, or the hub snapshot of the files we need (config + index + json)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return local
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(path, revision=revision, cache_dir=cache_dir,
+                                  allow_patterns=["*.json"]))
+
+
+def _weight_map(root: Path) -> dict[str, str]:
+    if (root / INDEX_NAME).is_file():
+        return json.loads((root / INDEX_NAME).read_text())["weight_map"]
+    if (root / SINGLE_NAME).is_file():
+        with safe_open(str(root / SINGLE_NAME), "pt") as fh:
+            return {name: SINGLE_NAME for name in fh.keys()}
+    raise TargetWeightsError(f"{root}: neither {INDEX_NAME} nor {SINGLE_NAME}; the draft needs the target's "
+                             "embedding and lm_head from safetensors files")
+
+
+def _pick(names: list[str], suffix: str, text_config_key: Optional[str]) -> Optional[str]:
+    """The tensor ending in `suffix`; with several (multimodal wrappers), prefer the language model's."""
+    hits = [n for n in names if n == suffix or n.endswith("." + suffix)]
+    if len(hits) > 1:
+        preferred = [n for n in hits if "language_model" in n or (text_config_key and text_config_key in n)]
+        hits = preferred or sorted(hits, key=len)
+    return hits[0] if hits else None
+
+
+def load_embedding_and_head(path: str, *, revision: Optional[str] = None, cache_dir: Optional[str] = None,
+                            text_config_key: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target `embed_tokens` and `lm_head` weights, both `[V, H]` float32.
+
+    A tied model (no lm_head tensor and `tie_word_embeddings`) returns the embedding twice.
+
+    Raises:
+        TargetWeightsError: Either tensor cannot be found; the message lists candidates.
+    """
+    root = _resolve_dir(path, revision, cache_dir)
+    weight_map = _weight_map(root)
+    names = sorted(weight_map)
+    embed_name = _pick(names, "embed_tokens.weight", text_config_key)
+    head_name = _pick(names, "lm_head.weight", text_config_key)
+    config = json.loads((root / "config.json").read_text()) if (root / "config.json").is_file() else {}
+    text_cfg = config.get(text_config_key or "text_config") or config
+    tied = bool(text_cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    if embed_name is None or (head_name is None and not tied):
+        hint = [n for n in names if "embed" in n or "head" in n][:6]
+        raise TargetWeightsError(f"{root}: cannot find the target's embed_tokens/lm_head tensors "
+                                 f"(candidates: {hint or 'none'})")
+
+    def read(name: str) -> torch.Tensor:
+        file = root / weight_map[name]
+        if not file.is_file():
+            from huggingface_hub import hf_hub_download
+
+            file = Path(hf_hub_download(path, weight_map[name], revision=revision, cache_dir=cache_dir))
+        with safe_open(str(file), "pt") as fh:
+            return fh.get_tensor(name).float()
+
+    embed = read(embed_name)
+    head = embed if head_name is None else read(head_name)
+    return embed, head

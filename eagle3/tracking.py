@@ -1,0 +1,91 @@
+"""Experiment loggers per job: one W&B run (or CSV log) shared by every stage of the job.
+
+`train` logs its curves and `eval` its report into the same run, so a job is one run; a sweep's
+jobs share a W&B group (the sweep directory's name unless `logger.group` is set). The CLI calls
+`finish_job()` when the job ends, which closes the W&B run (`wandb.finish()`) so the next
+sweep job starts a new one. W&B runs offline unless WANDB_API_KEY is in the environment; the
+key is read by wandb itself and never copied into a config, log or output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.config.validate import SECRET_KEY_RE
+
+log = logging.getLogger("eagle3")
+_loggers: dict[str, list[Any]] = {}
+REDACTED = "<redacted>"
+_TOKEN_RE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|[0-9a-f]{40})\b")
+
+
+def redact(obj: Any) -> Any:
+    """A copy of plain config data with secret-looking keys and values replaced."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if SECRET_KEY_RE.search(str(k).lower()) and obj[k] else redact(v))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    if isinstance(obj, str) and _TOKEN_RE.search(obj):
+        return _TOKEN_RE.sub(REDACTED, obj)
+    return obj
+
+
+def _sweep_group() -> Optional[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return Path(hc.sweep.dir).name
+    except Exception:  # no Hydra context (library use, tests)
+        return None
+    return None
+
+
+def _job_name(run_dir: Path) -> str:
+    return f"{run_dir.parent.name}-{run_dir.name}" if run_dir.parent.name else run_dir.name
+
+
+def job_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
+    """The Lightning loggers of this job (created on first use, then shared)."""
+    key = str(run_dir)
+    if key in _loggers:
+        return _loggers[key]
+    made: list[Any] = []
+    if cfg.get("logger") is not None:
+        from hydra.utils import instantiate
+
+        options = OmegaConf.to_container(cfg.logger, resolve=True)
+        target = str(options.get("_target_", ""))
+        Path(options.get("save_dir") or run_dir).mkdir(parents=True, exist_ok=True)
+        if target.endswith("WandbLogger"):
+            options["offline"] = bool(options.get("offline", True)) and not os.environ.get("WANDB_API_KEY")
+            options["group"] = options.get("group") or _sweep_group()
+            options["name"] = options.get("name") or _job_name(run_dir)
+            options["config"] = redact(OmegaConf.to_container(cfg, resolve=True))
+        made.append(instantiate(options, _convert_="all"))
+    _loggers[key] = made
+    return made
+
+
+def finish_job() -> None:
+    """Close this process's loggers: `wandb.finish()` once per job, CSV files flushed."""
+    for loggers in _loggers.values():
+        for logger in loggers:
+            try:
+                logger.finalize("success")
+            except Exception as exc:  # a logger that cannot flush must not fail the job
+                log.warning("logger %s did not finalize: %s", type(logger).__name__, exc)
+            if type(logger).__name__ == "WandbLogger":
+                import wandb
+
+                wandb.finish()
+    _loggers.clear()

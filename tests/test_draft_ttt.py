@@ -1,0 +1,192 @@
+"""The draft's math against naive references: TTT attention, teacher, loss, accept length."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eagle3.draft.attention import DraftKVCache, apply_rope, rope_cos_sin, ttt_attention
+from eagle3.draft.geometry import DraftGeometry
+from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.ttt import simulated_accept_length, teacher_targets, ttt_forward
+
+
+def dense_ttt_attention(q, keys, values):
+    """The L x (k+1)L masked softmax the efficient version must reproduce."""
+    bsz, hq, seq, dim = q.shape
+    groups = hq // keys[0].shape[1]
+    k_all = torch.cat([k.repeat_interleave(groups, 1) for k in keys], dim=2)  # [B, Hq, (k+1)T, D]
+    v_all = torch.cat([v.repeat_interleave(groups, 1) for v in values], dim=2)
+    t = torch.arange(seq)
+    allowed = [t[None, :] <= t[:, None]] + [t[None, :] == t[:, None]] * (len(keys) - 1)
+    mask = torch.cat(allowed, dim=1)  # [T, (k+1)T]
+    scores = q @ k_all.transpose(-1, -2) / math.sqrt(dim)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v_all
+
+
+@pytest.mark.parametrize("steps,block,heads,kv_heads", [(1, 4, 2, 2), (3, 5, 4, 2), (5, 64, 4, 1), (2, 7, 3, 3)])
+def test_ttt_attention_matches_dense_reference_values_and_grads(steps, block, heads, kv_heads):
+    torch.manual_seed(steps * 10 + block)
+    bsz, seq, dim = 2, 23, 8
+    q = torch.randn(bsz, heads, seq, dim, requires_grad=True)
+    keys = [torch.randn(bsz, kv_heads, seq, dim, requires_grad=True) for _ in range(steps)]
+    values = [torch.randn(bsz, kv_heads, seq, dim, requires_grad=True) for _ in range(steps)]
+    fast = ttt_attention(q, keys, values, block_size=block)
+    ref = dense_ttt_attention(q, keys, values)
+    assert fast.shape == (bsz, heads, seq, dim)
+    assert torch.allclose(fast, ref, atol=1e-5, rtol=0)
+    weights = torch.randn_like(ref)
+    grads_fast = torch.autograd.grad((fast * weights).sum(), [q, *keys, *values])
+    grads_ref = torch.autograd.grad((ref * weights).sum(), [q, *keys, *values])
+    for a, b in zip(grads_fast, grads_ref):
+        assert torch.allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_kv_cache_decoding_equals_ttt_attention_chain():
+    """Drafting with a cache (serving) sees what step k of TTT sees at the last position."""
+    torch.manual_seed(0)
+    bsz, heads, seq, dim, steps = 1, 2, 9, 8, 3
+    keys = [torch.randn(bsz, heads, seq, dim) for _ in range(steps)]
+    values = [torch.randn(bsz, heads, seq, dim) for _ in range(steps)]
+    qs = [torch.randn(bsz, heads, seq, dim) for _ in range(steps)]
+    cache = DraftKVCache()
+    cache.attend(qs[0], keys[0], values[0])  # prefill: step 0 over every position
+    last = seq - 1
+    for k in range(1, steps):
+        got = cache.attend(qs[k][:, :, last:], keys[k][:, :, last:], values[k][:, :, last:])
+        want = ttt_attention(qs[k], keys[:k + 1], values[:k + 1], block_size=4)[:, :, last:]
+        assert torch.allclose(got, want, atol=1e-5)
+    cache.crop(seq)
+    assert len(cache) == seq
+
+
+def test_rope_rotates_pairs_by_position():
+    cos, sin = rope_cos_sin(torch.tensor([0, 3]), head_dim=4, theta=10000.0)
+    x = torch.tensor([[[[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]]])  # [1, 1, 2, 4]
+    out = apply_rope(x, cos, sin)
+    assert torch.allclose(out[0, 0, 0], torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert torch.allclose(out[0, 0, 1], torch.tensor([math.cos(3.0), 0.0, math.sin(3.0), 0.0]), atol=1e-6)
+
+
+def tiny_geometry(**kw) -> DraftGeometry:
+    base = dict(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4, intermediate_size=16,
+                fc_in_features=24, vocab_size=12, draft_vocab_size=5, capture_layers=(1, 2, 3), target_num_layers=5)
+    base.update(kw)
+    return DraftGeometry(**base)
+
+
+def tiny_draft(seed: int = 0) -> tuple[Eagle3Draft, torch.Tensor]:
+    torch.manual_seed(seed)
+    g = tiny_geometry()
+    draft = Eagle3Draft(g)
+    selected = torch.tensor([0, 2, 3, 7, 11])  # target ids in the draft vocab
+    d2t = selected - torch.arange(5)
+    t2d = torch.zeros(12, dtype=torch.bool)
+    t2d[selected] = True
+    head = torch.randn(12, 8)
+    draft.init_from_target(torch.randn(12, 8), head, d2t, t2d)
+    return draft, head
+
+
+def test_teacher_restricts_to_draft_vocab_and_flags_out_of_vocab_argmax():
+    draft, _ = tiny_draft()
+    head = torch.eye(12, 8)  # logits = first 8 coordinates of the state; ids 8.. get 0
+    final = torch.zeros(1, 2, 8)
+    final[0, 0, 3] = 5.0  # argmax target id 3 -> draft id 2
+    final[0, 1, 5] = 5.0  # argmax target id 5 -> not in the draft vocab
+    teacher = teacher_targets(final, head, draft.draft_ids(), chunk_tokens=1)
+    assert teacher.argmax.tolist() == [[2, -1]]
+    want0 = torch.softmax(torch.tensor([0.0, 0.0, 5.0, 0.0, 0.0]), -1)  # logits of ids 0, 2, 3, 7, 11
+    assert torch.allclose(teacher.probs[0, 0], want0, atol=1e-6)
+    assert torch.allclose(teacher.probs[0, 1], torch.full((5,), 0.2), atol=1e-6)
+
+
+def test_loss_equals_hand_computed_kl_for_a_uniform_draft():
+    """With lm_head = 0 the draft predicts uniform q = 1/5, so KL(p||q) = sum p log p + log 5."""
+    draft, _ = tiny_draft()
+    with torch.no_grad():
+        draft.lm_head.weight.zero_()
+    p = torch.tensor([[0.5, 0.25, 0.125, 0.0625, 0.0625]] * 6).unsqueeze(0)  # [1, 6, 5]
+    teacher_argmax = torch.zeros(1, 6, dtype=torch.long)
+    from eagle3.draft.ttt import Teacher
+
+    teacher = Teacher(probs=p, argmax=teacher_argmax)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    out = ttt_forward(draft, torch.randn(1, 6, 24), ids, mask, torch.tensor([6]), teacher, steps=2, decay=0.5)
+    kl = sum(x * math.log(x) for x in [0.5, 0.25, 0.125, 0.0625, 0.0625]) + math.log(5)  # 0.2435...
+    assert out.step_loss.tolist() == pytest.approx([kl, kl], abs=1e-6)
+    assert out.loss.item() == pytest.approx(kl + 0.5 * kl, abs=1e-6)
+    # Step 0 predicts tokens 2..5 (4 counted), step 1 tokens 3..5 (3 counted).
+    assert out.counted.tolist() == [4, 3]
+    # Uniform logits: argmax is draft id 0, the teacher's argmax everywhere.
+    assert out.correct.tolist() == [4, 3]
+
+
+def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
+    """Token-by-token reference: explicit per-position states and a dense attention per step."""
+    seq = ids.shape[1]
+    hidden = draft.project(aux)
+    keys, values = [], []
+    total = 0.0
+    for k in range(steps):
+        tokens = torch.zeros_like(ids)
+        tokens[:, :seq - 1 - k] = ids[:, 1 + k:]
+
+        def attend(q, kk, vv):
+            keys.append(kk)
+            values.append(vv)
+            return dense_ttt_attention(q, keys, values)
+
+        state = draft.step(hidden, tokens, torch.arange(seq) + k, attend)
+        logq = torch.log_softmax(draft.logits(state), -1)
+        terms, n = 0.0, 0
+        for t in range(seq):
+            j = t + k + 2
+            if j < seq and mask[0, j] and teacher.argmax[0, t + 1 + k] >= 0:
+                p = teacher.probs[0, t + 1 + k]
+                terms = terms + (torch.xlogy(p, p) - p * logq[0, t]).sum()
+                n += 1
+        total = total + decay ** k * terms / max(n, 1)
+        hidden = state
+    return total
+
+
+def test_ttt_forward_matches_token_by_token_reference():
+    draft, head = tiny_draft(3)
+    torch.manual_seed(1)
+    seq = 11
+    ids = torch.randint(0, 12, (1, seq))
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1]])
+    aux, final = torch.randn(1, seq, 24), torch.randn(1, seq, 8)
+    teacher = teacher_targets(final, head, draft.draft_ids())
+    fast = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, steps=4, decay=0.8, block_size=3)
+    ref = naive_ttt_loss(draft, aux, ids, mask, teacher, steps=4, decay=0.8)
+    assert fast.loss.item() == pytest.approx(float(ref.detach()), abs=1e-5)
+    g_fast = torch.autograd.grad(fast.loss, draft.fc.weight)[0]
+    g_ref = torch.autograd.grad(naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8), draft.fc.weight)[0]
+    assert torch.allclose(g_fast, g_ref, atol=1e-5)
+
+
+def test_padding_does_not_change_a_samples_loss():
+    draft, head = tiny_draft(5)
+    torch.manual_seed(2)
+    ids = torch.randint(0, 12, (1, 7))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    aux, final = torch.randn(1, 7, 24), torch.randn(1, 7, 8)
+    alone = ttt_forward(draft, aux, ids, mask, torch.tensor([7]),
+                        teacher_targets(final, head, draft.draft_ids()), steps=3)
+    pad = lambda x: torch.cat([x, torch.zeros(1, 4, *x.shape[2:], dtype=x.dtype)], dim=1)  # noqa: E731
+    padded = ttt_forward(draft, pad(aux), pad(ids), pad(mask), torch.tensor([7]),
+                         teacher_targets(pad(final), head, draft.draft_ids()), steps=3)
+    assert padded.loss.item() == pytest.approx(alone.loss.item(), abs=1e-6)
+    assert padded.counted.tolist() == alone.counted.tolist()
+
+
+def test_simulated_accept_length_is_one_plus_sum_of_running_products():
+    assert simulated_accept_length([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert simulated_accept_length([1.0, 0.0, 1.0]) == pytest.approx(2.0)
+    assert simulated_accept_length(torch.tensor([])) == 1.0

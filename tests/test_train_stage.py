@@ -1,0 +1,173 @@
+"""Draft training through the entrypoint: metrics, exports, kill -9 resume, DDP, W&B offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eagle3.artifacts import Manifest
+from eagle3.draft.export import capture_layers_of, validate_export
+from eagle3.layer_ids import engine_aux_layer_ids
+from tests.conftest import RUN_PY, run_cli
+
+SMALL = (
+    "dataset.sources.demo_native.num_samples=12",
+    "dataset.sources.demo_prompts.num_samples=24",
+    "generate.max_new_tokens=96",
+    "generate.batch_size=8",
+    "data.eval_size=4",
+)
+# A short run: 2 TTT steps, small batches so there are several optimizer steps per epoch.
+TRAIN = ("train.ttt_steps=3", "train.batch_tokens=1024", "train.log_every_n_steps=1")
+
+
+@pytest.fixture(scope="module")
+def chain_root(tmp_path_factory):
+    """Artifacts of the demo chain up to extract (shared by this module's tests)."""
+    root = tmp_path_factory.mktemp("train") / "artifacts"
+    work = root.parent / "elsewhere"
+    work.mkdir()
+    for stage in ("demo_data", "prep", "generate", "tokenize", "merge", "vocab", "extract"):
+        done = run_cli([f"stage={stage}", *SMALL, f"paths.root={root}"], cwd=work)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+def train_cli(root: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return run_cli(["stage=train", *SMALL, *TRAIN, f"paths.root={root}", *extra], cwd=root.parent / "elsewhere",
+                   timeout=timeout)
+
+
+def unit_dirs(root: Path) -> list[Path]:
+    return sorted(d for d in (root / "train").iterdir() if d.is_dir())
+
+
+def unit_for(root: Path, before: set[Path]) -> Path:
+    new = [d for d in unit_dirs(root) if d not in before]
+    assert len(new) == 1, new
+    return new[0]
+
+
+@pytest.mark.slow
+def test_train_writes_metrics_checkpoints_and_both_exports(chain_root):
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    done = train_cli(chain_root, "train.max_epochs=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    unit = unit_for(chain_root, before)
+    manifest = Manifest.load(unit)
+    assert manifest.status == "complete"
+    extra = manifest.extra
+    assert extra["epochs"] == 2 and extra["global_step"] > 2
+    ev = extra["eval"]
+    assert len(ev["acc"]) == 3 and all(0.0 <= a <= 1.0 for a in ev["acc"])
+    assert ev["sim_accept_len"] == pytest.approx(
+        1 + ev["acc"][0] + ev["acc"][0] * ev["acc"][1] + ev["acc"][0] * ev["acc"][1] * ev["acc"][2], abs=1e-3)
+    assert (unit / "checkpoints" / "last.ckpt").is_file()
+    for engine in ("sglang", "vllm"):
+        info = validate_export(extra["exports"][engine], engine)
+        assert capture_layers_of(extra["exports"][engine], engine) == [2, 4, 5]
+        config = json.loads((Path(extra["exports"][engine]) / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert config["vocab_size"] == 8192 and config["draft_vocab_size"] == 2048
+        ids = (config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] if engine == "sglang"
+               else config["eagle_aux_hidden_state_layer_ids"])
+        assert ids == engine_aux_layer_ids([2, 4, 5], engine)
+        assert info.engine == engine
+    # The CSV logger holds one row per logged step with the per-step metrics.
+    csv_files = list((chain_root / "logs" / "csv").rglob("metrics.csv"))
+    assert csv_files
+    header = csv_files[-1].read_text().splitlines()[0].split(",")
+    for key in ("train/loss_0", "train/acc_2", "train/sim_accept_len", "eval/acc_0", "eval/sim_accept_len"):
+        assert key in header, header
+
+
+def _state(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.slow
+def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrupted_run(chain_root):
+    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2", "seed=5")
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    env = dict(os.environ, HYDRA_FULL_ERROR="0")
+    proc = subprocess.Popen([sys.executable, str(RUN_PY), "stage=train", *SMALL, *TRAIN, *args,
+                             f"paths.root={chain_root}"], cwd=chain_root.parent / "elsewhere", env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    last = None
+    while time.time() < deadline and proc.poll() is None:
+        dirs = [d for d in unit_dirs(chain_root) if d not in before] if (chain_root / "train").exists() else []
+        if dirs and (dirs[0] / "checkpoints" / "last.ckpt").is_file():
+            saved = _state(dirs[0] / "checkpoints" / "last.ckpt")
+            if saved["global_step"] >= 4:
+                last = dirs[0]
+                break
+        time.sleep(0.2)
+    assert last is not None and proc.poll() is None, "training ended before a mid-run checkpoint was seen"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = _state(last / "checkpoints" / "last.ckpt")
+    assert Manifest.load(last).status != "complete"
+    assert saved["optimizer_states"][0]["state"], "the checkpoint holds AdamW moments"
+
+    resumed = train_cli(chain_root, *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = resumed.stdout + resumed.stderr
+    assert f"resuming from {last / 'checkpoints' / 'last.ckpt'}" in log
+    metrics = json.loads((last / "train_metrics.json").read_text())
+    assert metrics["resumed_at_step"] == saved["global_step"]
+
+    # Same seed, no kill: the very same weights. Only possible if the optimizer moments, the LR
+    # schedule, the step and the data order and position were all restored exactly.
+    fresh = run_cli(["stage=train", *SMALL, *TRAIN, *args, f"paths.root={chain_root}",
+                     f"train.checkpoint_every_n_steps=3"], cwd=chain_root.parent / "elsewhere")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    other = [d for d in unit_dirs(chain_root) if d not in before and d != last]
+    assert len(other) == 1
+    a = load_file(last / "draft" / "vllm" / "model.safetensors")
+    b = load_file(other[0] / "draft" / "vllm" / "model.safetensors")
+    for name in a:
+        assert torch.allclose(a[name].float(), b[name].float(), atol=1e-6), name
+
+
+@pytest.mark.slow
+def test_two_process_ddp_agrees_with_one_process(chain_root):
+    args = ("train.max_epochs=2", "train.accelerator=cpu", "seed=3")
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    single = train_cli(chain_root, *args, "train.devices=1", "train.batch_tokens=2048")
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = unit_for(chain_root, before)
+    ddp = train_cli(chain_root, *args, "train.devices=2", "train.strategy=ddp_spawn", "train.batch_tokens=1024")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    two = unit_for(chain_root, before | {one})
+    m1, m2 = Manifest.load(one).extra, Manifest.load(two).extra
+    assert m2["world_size"] == 2 and m1["world_size"] == 1
+    # Each rank sees half the batches: about half the optimizer steps per epoch.
+    assert abs(m2["global_step"] - m1["global_step"]) <= 2, (m1["global_step"], m2["global_step"])
+    # Same data, same budget of tokens per optimizer step: the drafts agree within tolerance.
+    for k in range(3):
+        assert m2["eval"]["acc"][k] == pytest.approx(m1["eval"]["acc"][k], abs=0.08)
+    assert m2["eval"]["step_kl"][0] == pytest.approx(m1["eval"]["step_kl"][0], rel=0.15)
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_directory_holds_the_logged_metrics(chain_root):
+    done = train_cli(chain_root, "train.max_epochs=1", "logger=wandb", "seed=9")
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = sorted((chain_root / "logs" / "wandb").glob("offline-run-*"))
+    assert runs, list((chain_root / "logs").rglob("*"))[:20]
+    summary = json.loads((runs[-1] / "files" / "wandb-summary.json").read_text())
+    for key in ("train/loss", "train/acc_0", "eval/sim_accept_len"):
+        assert key in summary, sorted(summary)
+    config = (runs[-1] / "files" / "config.yaml").read_text()
+    assert "ttt_steps" in config
+    assert "WANDB_API_KEY" not in config
