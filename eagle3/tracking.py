@@ -71,7 +71,7 @@ def job_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
             options["group"] = options.get("group") or _sweep_group()
             options["name"] = options.get("name") or _job_name(run_dir)
             options["config"] = redact(OmegaConf.to_container(cfg, resolve=True))
-        made.append(instantiate(options, _convert_="all"))
+        made.append(instantiate(options, _convert_="all", _recursive_=False))
     _loggers[key] = made
     return made
 

@@ -15,6 +15,14 @@ import eagle3.config  # noqa: F401  (registers schema + resolvers)
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
+# The demo chain at a size tests can afford (a minute or two on 2 cores).
+SMALL_DEMO_DATA = (
+    "dataset.sources.demo_native.num_samples=12",
+    "dataset.sources.demo_prompts.num_samples=24",
+    "generate.max_new_tokens=96",
+    "generate.batch_size=8",
+    "data.eval_size=4",
+)
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:

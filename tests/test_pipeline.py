@@ -7,13 +7,10 @@ import torch
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.stages import CHAIN
+from tests.conftest import SMALL_DEMO_DATA
 
 SMALL = (
-    "dataset.sources.demo_native.num_samples=12",
-    "dataset.sources.demo_prompts.num_samples=24",
-    "generate.max_new_tokens=96",
-    "generate.batch_size=8",
-    "data.eval_size=4",
+    *SMALL_DEMO_DATA,
     "train.max_epochs=2",
     "eval.num_prompts=2",
     "eval.max_new_tokens=24",

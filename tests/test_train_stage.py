@@ -17,15 +17,10 @@ from safetensors.torch import load_file
 from eagle3.artifacts import Manifest
 from eagle3.draft.export import capture_layers_of, validate_export
 from eagle3.layer_ids import engine_aux_layer_ids
-from tests.conftest import RUN_PY, run_cli
+from tests.conftest import RUN_PY, SMALL_DEMO_DATA, run_cli
+from tests.wandb_records import read_run
 
-SMALL = (
-    "dataset.sources.demo_native.num_samples=12",
-    "dataset.sources.demo_prompts.num_samples=24",
-    "generate.max_new_tokens=96",
-    "generate.batch_size=8",
-    "data.eval_size=4",
-)
+SMALL = SMALL_DEMO_DATA
 # A short run: 2 TTT steps, small batches so there are several optimizer steps per epoch.
 TRAIN = ("train.ttt_steps=3", "train.batch_tokens=1024", "train.log_every_n_steps=1")
 
@@ -96,7 +91,7 @@ def _state(path: Path) -> dict:
 
 @pytest.mark.slow
 def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrupted_run(chain_root):
-    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2", "seed=5")
+    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2")
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     proc = subprocess.Popen([sys.executable, str(RUN_PY), "stage=train", *SMALL, *TRAIN, *args,
@@ -129,7 +124,7 @@ def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrup
     # Same seed, no kill: the very same weights. Only possible if the optimizer moments, the LR
     # schedule, the step and the data order and position were all restored exactly.
     fresh = run_cli(["stage=train", *SMALL, *TRAIN, *args, f"paths.root={chain_root}",
-                     f"train.checkpoint_every_n_steps=3"], cwd=chain_root.parent / "elsewhere")
+                     "train.checkpoint_every_n_steps=3"], cwd=chain_root.parent / "elsewhere")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     other = [d for d in unit_dirs(chain_root) if d not in before and d != last]
     assert len(other) == 1
@@ -141,7 +136,7 @@ def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrup
 
 @pytest.mark.slow
 def test_two_process_ddp_agrees_with_one_process(chain_root):
-    args = ("train.max_epochs=2", "train.accelerator=cpu", "seed=3")
+    args = ("train.max_epochs=2", "train.accelerator=cpu")
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     single = train_cli(chain_root, *args, "train.devices=1", "train.batch_tokens=2048")
     assert single.returncode == 0, single.stderr[-3000:]
@@ -160,14 +155,22 @@ def test_two_process_ddp_agrees_with_one_process(chain_root):
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_directory_holds_the_logged_metrics(chain_root):
-    done = train_cli(chain_root, "train.max_epochs=1", "logger=wandb", "seed=9")
+def test_wandb_offline_run_holds_train_and_eval_metrics_of_one_job(chain_root):
+    """stage=all (chain complete, so train + eval run) with logger=wandb: one offline run per job."""
+    runs_dir = chain_root / "logs" / "wandb"
+    before = set(runs_dir.glob("offline-run-*")) if runs_dir.exists() else set()
+    done = run_cli(["stage=all", *SMALL, *TRAIN, "train.max_epochs=1", "train.optimizer.lr=1e-3", "logger=wandb",
+                    "eval.num_prompts=2", "eval.max_new_tokens=16", "eval.ks=[2]", f"paths.root={chain_root}"],
+                   cwd=chain_root.parent / "elsewhere")
     assert done.returncode == 0, done.stderr[-3000:]
-    runs = sorted((chain_root / "logs" / "wandb").glob("offline-run-*"))
-    assert runs, list((chain_root / "logs").rglob("*"))[:20]
-    summary = json.loads((runs[-1] / "files" / "wandb-summary.json").read_text())
-    for key in ("train/loss", "train/acc_0", "eval/sim_accept_len"):
-        assert key in summary, sorted(summary)
-    config = (runs[-1] / "files" / "config.yaml").read_text()
-    assert "ttt_steps" in config
-    assert "WANDB_API_KEY" not in config
+    runs = sorted(set(runs_dir.glob("offline-run-*")) - before)
+    assert len(runs) == 1, runs
+    run = read_run(next(runs[0].glob("run-*.wandb")))
+    logged = set().union(*(row.keys() for row in run["history"]))
+    for key in ("train/loss", "train/acc_0", "train/loss_2", "train/sim_accept_len", "eval/acc_0",
+                "eval/sim_accept_len", "eval/real_accept_len_k2", "eval/speedup_k2"):
+        assert key in logged, sorted(logged)
+    assert run["summary"]["eval/sim_accept_len"] == pytest.approx(
+        [row for row in run["history"] if "eval/sim_accept_len" in row][-1]["eval/sim_accept_len"])
+    assert run["config"]["train"]["ttt_steps"] == 3 and run["config"]["train"]["optimizer"]["lr"] == 1e-3
+    assert "WANDB_API_KEY" not in json.dumps(run["config"])

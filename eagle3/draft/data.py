@@ -169,3 +169,28 @@ class _PositionCallback(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.dm.batches_done += 1
+
+
+class FitSummaryCallback(L.Callback):
+    """Writes step, epoch, world size and tokens trained when fit ends (rank 0).
+
+    Spawned DDP workers do not hand their trainer state back to the launching process, so the
+    stage reads what training did from this file rather than from its own Trainer object.
+    """
+
+    def __init__(self, path) -> None:
+        self.path = path
+        self.tokens = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.tokens += int(batch["lengths"].sum())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        from eagle3.artifacts import atomic_write_json
+
+        if trainer.global_rank == 0:
+            atomic_write_json(self.path, {"global_step": int(trainer.global_step),
+                                          "epochs": int(trainer.current_epoch),
+                                          "world_size": int(trainer.world_size),
+                                          # rank 0's count times the ranks (equal batch counts per rank)
+                                          "tokens_this_run": self.tokens * int(trainer.world_size)})

@@ -11,8 +11,11 @@ inside the epoch are all in it). Metrics go through Lightning to the job's logge
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -29,6 +32,7 @@ CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 EXPORT_DIR = "draft"
 METRICS_FILE = "train_metrics.json"
+FIT_SUMMARY = "fit_summary.json"
 FORMAT_VERSION = 1
 # Keys of `train` that do not change what is trained (only how it is watched).
 _UNTRACKED = ("log_every_n_steps", "num_workers")
@@ -104,13 +108,30 @@ def build_trainer(cfg: DictConfig, ckpt_dir: Path, loggers: list, callbacks: lis
     )
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def launched_rank() -> int:
+    """This process's rank when an external or Lightning launcher started several (else 0)."""
+    for var in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if int(os.environ.get(var, "0") or 0) > 0:
+            return int(os.environ[var])
+    return 0
+
+
+@dataclass
+class FitResult:
+    trainer: Any
+    module: Any
+    train_set: Any
+    eval_set: Any
+    wall_s: float
+    resumed_at: Optional[int]
+
+
+def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path) -> FitResult:
+    """Build the model, data and trainer for a unit directory and train (resuming if possible)."""
     import lightning as L
 
-    from eagle3.draft.data import DraftDataModule
-    from eagle3.draft.export import export_draft
+    from eagle3.draft.data import DraftDataModule, FitSummaryCallback
     from eagle3.draft.lightning_module import DraftModule
-    from eagle3.draft.pooled_eval import evaluate_pooled
     from eagle3.draft.target_weights import load_embedding_and_head
     from eagle3.extract.dataset import HiddenStateDataset
     from eagle3.tracking import job_loggers
@@ -124,23 +145,33 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     d2t, t2d = load_vocab_maps(inputs["vocab"])
     train_set = HiddenStateDataset.from_manifests(inputs["extract"], "train", dtype=torch.float32)
     eval_set = HiddenStateDataset.from_manifests(inputs["extract"], "eval", dtype=torch.float32)
-    out.count_in(len(train_set))
-    out.count_out(len(train_set))
     module = DraftModule(geometry, head, OmegaConf.to_container(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
                            seed=int(cfg.seed), num_workers=int(t.num_workers))
-    ckpt_dir = out.dir / CHECKPOINT_DIR
+    ckpt_dir = unit_dir / CHECKPOINT_DIR
     resume = ckpt_dir / LAST_CHECKPOINT
-    trainer = build_trainer(cfg, ckpt_dir, job_loggers(cfg, ctx.run_dir), [data.position_callback()])
+    summary = FitSummaryCallback(unit_dir / FIT_SUMMARY)
+    trainer = build_trainer(cfg, ckpt_dir, job_loggers(cfg, ctx.run_dir), [data.position_callback(), summary])
     resumed_at = None
     if resume.is_file():
         resumed_at = int(torch.load(resume, map_location="cpu", weights_only=True)["global_step"])
         log.info("train: resuming from %s (step %d)", resume, resumed_at)
     started = time.perf_counter()
     trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume.is_file() else None)
-    wall = time.perf_counter() - started
-    if trainer.global_rank != 0:
-        return None
+    return FitResult(trainer, module, train_set, eval_set, time.perf_counter() - started, resumed_at)
+
+
+def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    from eagle3.draft.export import export_draft
+    from eagle3.draft.pooled_eval import evaluate_pooled
+
+    t = cfg.train
+    fit = _fit(cfg, ctx, unit, out.dir)
+    module, train_set, eval_set, wall, resumed_at = fit.module, fit.train_set, fit.eval_set, fit.wall_s, fit.resumed_at
+    done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)
+    geometry = module.draft.geometry
+    out.count_in(len(train_set))
+    out.count_out(len(train_set))
 
     module.to("cpu").eval()
     pooled = evaluate_pooled(module, eval_set, batch_tokens=int(t.batch_tokens)) if len(eval_set) else None
@@ -148,30 +179,70 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     for engine in ("sglang", "vllm"):
         exports[engine] = str(export_draft(module.draft, out.dir / EXPORT_DIR / engine, engine,
                                            dtype=str(t.export_dtype),
-                                           extra_metadata={"dataset": unit, "global_step": int(trainer.global_step)}))
-    tokens = int(sum(int(n) for n in train_set.lengths)) * max(1, int(trainer.current_epoch))
+                                           extra_metadata={"dataset": unit, "global_step": done["global_step"]}))
     metrics = {
-        "global_step": int(trainer.global_step),
-        "epochs": int(trainer.current_epoch),
+        "global_step": done["global_step"],
+        "epochs": done["epochs"],
         "train_samples": len(train_set),
         "eval_samples": len(eval_set),
         "train_tokens_per_epoch": int(sum(int(n) for n in train_set.lengths)),
         "fit_wall_s": round(wall, 1),
-        "train_tokens_per_s": round(tokens / wall, 1) if wall > 0 else None,
+        # Sample tokens (not padding) trained by this process; a resumed run counts its own steps.
+        "train_tokens_this_run": done["tokens_this_run"],
+        "train_tokens_per_s": round(done["tokens_this_run"] / wall, 1) if wall > 0 else None,
         "resumed_at_step": resumed_at,
-        "world_size": int(trainer.world_size),
+        "world_size": done["world_size"],
         "eval": pooled,
         "geometry": geometry.to_dict(),
         "trainable_parameters": sum(p.numel() for p in module.draft.parameters() if p.requires_grad),
     }
     atomic_write_json(out.dir / METRICS_FILE, metrics)
     if pooled:
+        _log_final_eval(cfg, ctx, pooled, done["global_step"])
         log.info("train: eval simulated accept length %.3f (acc per step %s)", pooled["sim_accept_len"],
                  ", ".join(f"{a:.3f}" for a in pooled["acc"]))
     return {**metrics, "exports": exports, "files": {"metrics": METRICS_FILE}}
 
 
-TRAIN = UnitStage(
+def _log_final_eval(cfg: DictConfig, ctx: StageContext, pooled: dict, step: int) -> None:
+    """The trained draft's pooled eval figures, logged once more at the last step.
+
+    Lightning validates every `eval_every_n_epochs`, which need not divide the epoch count; the
+    final figures are what a sweep compares, so every run ends with them.
+    """
+    from eagle3.tracking import job_loggers
+
+    final = {"eval/sim_accept_len": pooled["sim_accept_len"]}
+    final.update({f"eval/acc_{k}": a for k, a in enumerate(pooled["acc"])})
+    final.update({f"eval/loss_{k}": x for k, x in enumerate(pooled["step_kl"])})
+    for logger in job_loggers(cfg, ctx.run_dir):
+        logger.log_metrics(final, step=step)
+        if type(logger).__name__ == "WandbLogger":
+            logger.experiment.summary.update(final)
+
+
+class TrainStage(UnitStage):
+    """UnitStage, plus the worker side of multi-process launches.
+
+    Under torchrun/SLURM (or Lightning's own `ddp` launcher, which re-runs this command) every
+    rank runs the job. Rank 0 owns the unit directory as usual; the other ranks join `fit`
+    for the same directory without taking its lock (rank 0 holds it while it waits for them)
+    and end the job after training: manifests, exports and later stages are rank 0's.
+    """
+
+    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        rank = launched_rank()
+        if rank == 0:
+            return super().__call__(cfg, ctx)
+        for unit in self.units(cfg):
+            where, manifest = self.locate(cfg, ctx, unit)
+            if manifest is None:
+                log.info("train: rank %d joins training of %s", rank, where)
+                _fit(cfg, ctx, unit, where)
+        raise SystemExit(0)
+
+
+TRAIN = TrainStage(
     name="train",
     help="EAGLE-3 draft with the training-time test (Lightning), exported for SGLang and vLLM",
     units=_units,
