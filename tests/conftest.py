@@ -31,7 +31,12 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
         return compose(config_name="config", overrides=overrides or [])
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+# A guard against hangs, not a performance assertion: a demo stage=all with training and eval
+# takes ~4 min alone on 2 cores and was seen past 10 min when other jobs shared them.
+CLI_TIMEOUT_S = 1800
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run scripts/run.py in a subprocess from `cwd` (tests use a foreign cwd on purpose)."""
     env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
     return subprocess.run(
