@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from eagle3.artifacts import Manifest
 from eagle3.draft.export import capture_layers_of, validate_export
 from eagle3.layer_ids import engine_aux_layer_ids
-from tests.conftest import RUN_PY, SMALL_DEMO_DATA, run_cli
+from tests.conftest import CLI_TIMEOUT_S, RUN_PY, SMALL_DEMO_DATA, run_cli
 from tests.wandb_records import read_run
 
 SMALL = SMALL_DEMO_DATA
@@ -37,7 +37,7 @@ def chain_root(tmp_path_factory):
     return root
 
 
-def train_cli(root: Path, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def train_cli(root: Path, *extra: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
     return run_cli(["stage=train", *SMALL, *TRAIN, f"paths.root={root}", *extra], cwd=root.parent / "elsewhere",
                    timeout=timeout)
 
