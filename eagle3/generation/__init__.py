@@ -1,10 +1,13 @@
-"""Target generation behind one interface (DESIGN.md §5): in-process `hf` now, HTTP servers later.
+"""Target generation behind one interface (DESIGN.md §5): in-process `hf`, or `vllm` / `sglang`
+servers through an async OpenAI-compatible client (`http_backend`).
 
-Importing this package is cheap (no torch): the `hf` backend loads transformers only when
+Importing this package is cheap (no torch, no aiohttp): a backend's heavy imports happen when
 `make_backend` builds it.
 """
 
 from eagle3.generation.backend import (
+    ERROR_PROMPT_TOO_LONG,
+    ERROR_REQUEST_FAILED,
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
@@ -17,6 +20,8 @@ from eagle3.generation.backend import (
 )
 
 __all__ = [
+    "ERROR_PROMPT_TOO_LONG",
+    "ERROR_REQUEST_FAILED",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "FINISH_TOOL_CALLS",

@@ -4,8 +4,8 @@ The stage speaks in chat messages, not tokens, because that is what every servin
 an OpenAI-compatible server (vLLM, SGLang) takes `messages` + `tools` + chat-template kwargs and
 returns one assistant message already split by its reasoning and tool-call parsers, a finish
 reason and token usage. The in-process `hf` backend does the same work itself (render with the
-tokenizer's own template, generate, parse the Kimi format), so the stage cannot tell them apart
-and the HTTP clients of a later issue plug in without touching it.
+tokenizer's own template, generate, parse the Kimi format), so the stage cannot tell them apart;
+the HTTP client (`http_backend.HTTPBackend`) plugs in behind the same protocol.
 
 Determinism is part of the contract: a backend given the same requests in the same order with the
 same `SamplingParams.seed` returns the same results. The stage derives that seed from the batch's
@@ -22,6 +22,8 @@ from omegaconf import DictConfig
 from eagle3.errors import Eagle3Error
 
 __all__ = [
+    "ERROR_PROMPT_TOO_LONG",
+    "ERROR_REQUEST_FAILED",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "FINISH_TOOL_CALLS",
@@ -37,6 +39,10 @@ __all__ = [
 #: OpenAI finish reasons: the turn ended with the end-of-turn token / hit max_new_tokens / called tools.
 FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS = "stop", "length", "tool_calls"
 HTTP_BACKENDS = ("vllm", "sglang")
+#: `GenerationResult.error` values: the prompt does not fit the model's context (the stage keeps
+#: the turns answered so far) / the request failed for good after its retries (the stage
+#: rejects the conversation with this reason and `error_detail`).
+ERROR_PROMPT_TOO_LONG, ERROR_REQUEST_FAILED = "prompt_too_long", "request_failed"
 
 
 class BackendUnavailable(Eagle3Error):
@@ -89,9 +95,10 @@ class GenerationResult:
             `tool_calls`, since a cut tool-call section is not a complete call.
         completion_tokens: Generated tokens, the end-of-turn token included.
         prompt_tokens: Tokens of the rendered prompt.
-        error: Why the request was not run (`prompt_too_long`), else None; then `message` is
-            empty and the token counts are what was known.
+        error: Why the request has no answer (`prompt_too_long`, `request_failed`), else None;
+            then `message` is empty and the token counts are what was known.
         text: The raw completion with control tokens, when the backend has it (debugging).
+        error_detail: One line on the error (last HTTP status or exception, attempts), or None.
     """
 
     id: str
@@ -101,6 +108,7 @@ class GenerationResult:
     prompt_tokens: int = 0
     error: Optional[str] = None
     text: Optional[str] = None
+    error_detail: Optional[str] = None
 
 
 @runtime_checkable
@@ -122,11 +130,17 @@ class GenerationBackend(Protocol):
         ...
 
 
-def make_backend(cfg: DictConfig) -> GenerationBackend:
-    """The generation backend `cfg.server.backend` names, built from `cfg.model` (nothing loaded yet).
+def make_backend(cfg: DictConfig, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
+    """The generation backend `cfg.server.backend` names (nothing loaded or connected yet).
+
+    Args:
+        cfg: The composed config (`server`, `model`, `generate.http`).
+        urls: For `vllm` / `sglang`: base URLs of running OpenAI-compatible servers. This is the
+            hook for a launcher that starts the servers itself and knows their addresses; None
+            means `cfg.server.urls` (servers started by someone else).
 
     Raises:
-        BackendUnavailable: For `vllm` / `sglang`, whose HTTP clients are not implemented yet.
+        BackendUnavailable: For `vllm` / `sglang` without any URL to talk to.
         ValueError: For an unknown backend name (validation normally catches it first).
     """
     backend = cfg.server.backend
@@ -137,7 +151,13 @@ def make_backend(cfg: DictConfig) -> GenerationBackend:
         return HFBackend(path=str(model.path), revision=model.revision, dtype=str(model.dtype),
                          trust_remote_code=bool(model.trust_remote_code))
     if backend in HTTP_BACKENDS:
-        raise BackendUnavailable(
-            f"server.backend={backend}: HTTP generation through {backend} is not available yet; "
-            "use server=hf (in-process transformers) for stage generate")
+        urls = [str(u) for u in (urls if urls is not None else cfg.server.urls)]
+        if not urls:
+            raise BackendUnavailable(
+                f"server.backend={backend}: no server to talk to; set server.urls=[http://HOST:PORT,...] to "
+                f"running {backend} servers (starting them from stage generate is not available yet), "
+                "or use server=hf (in-process transformers)")
+        from eagle3.generation.http_backend import HTTPBackend
+
+        return HTTPBackend.from_config(cfg, urls)
     raise ValueError(f"server.backend={backend!r} is not a generation backend; valid: hf, {', '.join(HTTP_BACKENDS)}")

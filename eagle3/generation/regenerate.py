@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from eagle3.generation.backend import (
+    ERROR_PROMPT_TOO_LONG,
     FINISH_LENGTH,
     FINISH_TOOL_CALLS,
     GenerationBackend,
@@ -148,6 +149,12 @@ class _Conversation:
 
     def apply(self, turn: int, result: GenerationResult) -> None:
         """Take the target's answer to user turn `turn` and decide whether to continue."""
+        if result.error is not None and result.error != ERROR_PROMPT_TOO_LONG:
+            # The request failed for good (server errors after all retries): the conversation
+            # cannot be regenerated as a whole, so it is rejected with the error, not cut short.
+            self._reject(result.error, {"turn": turn, "error": result.error_detail,
+                                        "prompt_tokens": result.prompt_tokens})
+            return
         if result.error is not None:
             if turn == 0:
                 self._reject(result.error, {"turn": turn, "prompt_tokens": result.prompt_tokens})

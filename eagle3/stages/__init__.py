@@ -3,6 +3,7 @@
 A stage is a plain callable `(cfg, ctx) -> list[Manifest]`: config and input manifests in,
 artifacts and one manifest per output unit out. `stage=all` runs CHAIN in order; a unit whose
 output is complete for the same inputs and config is skipped, so the chain is cheap to re-run.
+STANDALONE stages (`serve`, `bench`) run only when named.
 
 Entries name their module instead of importing it: stages pull in torch, transformers and
 datasets, and a mistyped stage name or `--cfg job` should answer in a fraction of a second.
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
-__all__ = ["ALL", "CHAIN", "REGISTRY", "MissingInput", "RegisteredStage", "StageContext",
+__all__ = ["ALL", "CHAIN", "REGISTRY", "STANDALONE", "MissingInput", "RegisteredStage", "StageContext",
            "UnitStage", "require", "stage_names", "stages_to_run"]
 
 
@@ -50,7 +51,12 @@ CHAIN: tuple[RegisteredStage, ...] = (
     RegisteredStage("train", "eagle3.stages.train:TRAIN"),
     RegisteredStage("eval", "eagle3.stages.eval:EVAL"),
 )
-REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in CHAIN}
+# Stages run on their own, never by `stage=all`.
+STANDALONE: tuple[RegisteredStage, ...] = (
+    RegisteredStage("serve", "eagle3.stages.serve:SERVE"),
+    RegisteredStage("bench", "eagle3.stages.bench:BENCH"),
+)
+REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, *STANDALONE)}
 ALL = "all"
 
 

@@ -10,27 +10,44 @@ turn, so a batch re-run after a kill reproduces itself exactly; already-written 
 written again and fully done batches are skipped without running the model. Counters derived
 from the output files (not from this run's work) make a resumed run's manifest equal an
 uninterrupted one's.
+
+Servers (`server=vllm|sglang`, `server.urls=[...]`): the HTTP backend answers many requests at
+once, so several batches run at the same time (`generate.http.inflight_batches`, by default
+enough to keep the largest concurrency partition full), each in its own thread, still turn by
+turn. Their outcomes are written strictly in batch order, so the output file has the same order
+as a sequential run and a kill leaves a prefix of it (plus at worst a part of one batch), which
+the rerun completes by id: nothing lost, nothing written twice. Finished batches may wait behind
+a slow one (up to WRITE_WINDOW x inflight batches), so one stalled request does not idle the rest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, progress, read_jsonl
-from eagle3.generation.backend import make_backend
-from eagle3.generation.regenerate import GenerateSettings, regenerate_batch
+from eagle3.generation.backend import HTTP_BACKENDS, make_backend
+from eagle3.generation.regenerate import GenerateSettings, Outcome, regenerate_batch
 from eagle3.stages.base import StageContext, UnitStage, require
 
 CONVERSATIONS_FILE = "conversations.jsonl"  # prep's output name, and ours (tokenize reads either)
 FORMAT_VERSION = 1
 PROMPT_ONLY = "prompt_only"
+# Keys of generate.http that change what a server generates (the rest is how the client asks).
+HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
+
+# Batches submitted but not yet written, per batch running at once (head-of-line slack).
+WRITE_WINDOW = 4
+
+log = logging.getLogger("eagle3")
 
 
 def _units(cfg: DictConfig) -> list[str]:
@@ -53,12 +70,18 @@ def weights_signature(path: str | Path) -> Optional[str]:
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     model = cfg.model
+    generate = OmegaConf.to_container(cfg.generate, resolve=True)
+    # Endpoints, concurrency, timeouts and retries do not change what is generated: a resumed
+    # run may use other ones. The request fields that do change it count for HTTP backends.
+    http = generate.pop("http", None) or {}
+    if cfg.server.backend in HTTP_BACKENDS:
+        generate["request"] = {k: http.get(k) for k in HTTP_REQUEST_KEYS}
     return {
         "backend": cfg.server.backend,
         "target": {"path": str(model.path), "revision": model.revision, "dtype": model.dtype,
                    "weights": weights_signature(model.path)},
         "thinking": bool(cfg.dataset.sources[unit].thinking),
-        "generate": OmegaConf.to_container(cfg.generate, resolve=True),
+        "generate": generate,
         "seed": cfg.data.seed,
         "format": FORMAT_VERSION,
     }
@@ -107,6 +130,20 @@ def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
             "tokens": tokens, "turns": turns, "length_cut_kept": kept_cut}
 
 
+def inflight_batches(cfg: DictConfig, backend: Any) -> int:
+    """How many batches to regenerate at once: 1 unless the backend serves requests concurrently."""
+    suggest = getattr(backend, "suggested_inflight_batches", None)
+    if suggest is None:
+        return 1  # in-process backends run one batch at a time
+    explicit = cfg.generate.http.inflight_batches
+    return int(explicit) if explicit else int(suggest(int(cfg.generate.batch_size)))
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
 def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, total: Optional[int] = None) -> dict:
     """Regenerate the prompt-only conversations of `source` into `out` (resumable).
 
@@ -119,10 +156,51 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     settings = settings_for(cfg, unit)
     writer = out.records(CONVERSATIONS_FILE)
     backend = make_backend(cfg)  # fails fast for a backend that cannot generate
+    inflight = inflight_batches(cfg, backend)
+    live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
+    log_every = float(cfg.generate.http.log_every_s)
     run = Counter()
     seen: set = set()
     started = time.perf_counter()
+    first_run: Optional[float] = None
+    last_log = started
     bar = progress(None, total=total, desc=f"generate {unit}", unit="conv")
+    pending: deque[tuple[int, list[dict], Future]] = deque()
+    executor = ThreadPoolExecutor(inflight, thread_name_prefix=f"generate-{unit}") if inflight > 1 else None
+    window = WRITE_WINDOW * inflight
+
+    def write(n_batch: int, fresh: list[dict], outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            run["tokens"] += outcome.completion_tokens
+            if out.is_done(outcome.id):
+                continue  # written by the killed run; the batch only re-ran to reproduce the rest
+            if outcome.record is not None:
+                writer.write(outcome.record)
+            else:
+                out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
+                           generation=outcome.generation)
+        run["batches_run"] += 1
+        run["conversations"] += len(fresh)
+        run["progressed"] += n_batch
+        bar.update(n_batch)
+        seconds = time.perf_counter() - (first_run or started)
+        postfix = {"tok/s": f"{run['tokens'] / max(seconds, 1e-9):.0f}"}
+        if live is not None:
+            postfix.update(live())
+        bar.set_postfix(postfix, refresh=False)
+        if live is not None and time.perf_counter() - last_log >= log_every:
+            log_progress(postfix)
+
+    def log_progress(postfix: dict[str, str]) -> None:
+        """One line for logs of batch jobs, where the progress bar is off."""
+        nonlocal last_log
+        last_log = time.perf_counter()
+        done = run["progressed"]
+        rate = run["conversations"] / max(last_log - (first_run or started), 1e-9)
+        eta = _eta(max(total - done, 0) / rate) if total and rate > 0 else "?"
+        log.info("generate %s: %d/%s conversations, %s, ETA %s", unit, done, total if total else "?",
+                 ", ".join(f"{k} {v}" for k, v in postfix.items()), eta)
+
     try:
         for batch in _batches(read_jsonl(source), int(cfg.generate.batch_size)):
             out.count_in(len(batch))
@@ -135,31 +213,48 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
                     fresh.append(record)
             if all(out.is_done(r["id"]) for r in fresh):
                 run["batches_skipped"] += 1
+                run["progressed"] += len(batch)
                 bar.update(len(batch))
                 continue
-            t0 = time.perf_counter()
-            for outcome in regenerate_batch(backend, fresh, settings):
-                run["tokens"] += outcome.completion_tokens
-                if out.is_done(outcome.id):
-                    continue  # written by the killed run; the batch only re-ran to reproduce the rest
-                if outcome.record is not None:
-                    writer.write(outcome.record)
-                else:
-                    out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
-                               generation=outcome.generation)
-            run["batches_run"] += 1
-            run["conversations"] += len(fresh)
-            run["seconds"] += time.perf_counter() - t0
-            bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{run['tokens'] / max(run['seconds'], 1e-9):.0f}")
+            if first_run is None:
+                first_run = time.perf_counter()
+            if executor is None:
+                write(len(batch), fresh, regenerate_batch(backend, fresh, settings))
+                continue
+            pending.append((len(batch), fresh, executor.submit(regenerate_batch, backend, fresh, settings)))
+            # Write in batch order (the file order never depends on timing), as soon as the head
+            # is done. Up to `window` batches are queued or finished-but-unwritten, so one slow
+            # batch at the head does not idle the other workers.
+            while pending and (pending[0][2].done() or len(pending) >= window):
+                n_batch, done_fresh, future = pending.popleft()
+                write(n_batch, done_fresh, future.result())
+        while pending:
+            n_batch, done_fresh, future = pending.popleft()
+            write(n_batch, done_fresh, future.result())
+        if live is not None and run["batches_run"]:
+            log_progress(live())
     finally:
+        for _, _, future in pending:
+            future.cancel()
         bar.close()
-        backend.close()
+        backend.close()  # also ends requests still in flight in other batches' threads
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
     stats = _file_stats(out, writer)
     out.count("length_cut_kept", stats["length_cut_kept"])
     out.count("assistant_turns", stats["turns"])
     out.count("tokens_generated", stats["tokens"])
-    seconds = run["seconds"]
+    seconds = time.perf_counter() - first_run if first_run is not None else 0.0
+    this_run = {
+        "batches_run": run["batches_run"], "batches_skipped": run["batches_skipped"],
+        "conversations": run["conversations"], "tokens_generated": run["tokens"],
+        "seconds": round(seconds, 3), "wall_s": round(time.perf_counter() - started, 3),
+        "tokens_per_s": round(run["tokens"] / seconds, 2) if seconds else None,
+        "conversations_per_s": round(run["conversations"] / seconds, 4) if seconds else None,
+        "inflight_batches": inflight,
+    }
+    if hasattr(backend, "stats"):
+        this_run["client"] = backend.stats()
     return {
         "file": CONVERSATIONS_FILE,
         "backend": backend.describe(),
@@ -167,13 +262,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
         "finish_reasons": stats["finish"],
         "ended": stats["ended"],
         "tokens_generated": stats["tokens"],
-        "this_run": {
-            "batches_run": run["batches_run"], "batches_skipped": run["batches_skipped"],
-            "conversations": run["conversations"], "tokens_generated": run["tokens"],
-            "seconds": round(seconds, 3), "wall_s": round(time.perf_counter() - started, 3),
-            "tokens_per_s": round(run["tokens"] / seconds, 2) if seconds else None,
-            "conversations_per_s": round(run["conversations"] / seconds, 4) if seconds else None,
-        },
+        "this_run": this_run,
     }
 
 

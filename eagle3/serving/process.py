@@ -1,0 +1,389 @@
+"""A server process that lives exactly as long as a `with` block, and its health checks.
+
+`ServerProcess` starts a `ServerCommand` in its own process group (its own session, so a
+Ctrl-C in the terminal reaches us and not the server half-way), tees its stdout and stderr into
+a log file in the run directory, and waits until a health endpoint answers 200. It ALWAYS stops
+the whole group on the way out -- normal exit, an exception, Ctrl-C, a SIGTERM sent to us (a
+scheduler cancelling the job): SIGTERM first, SIGKILL for what is left after a grace period.
+SGLang and vLLM spawn worker processes of their own; they are in the group too.
+
+If the server exits before it is healthy, or is not healthy within `startup_timeout_s`, the
+error is one line: what happened, the log file, and its last lines.
+
+`server_endpoints(cfg, run_dir)` is what stages use: with `server.urls` set it launches nothing
+and only checks each URL's health (connect mode); otherwise it builds the command from the
+config and runs it for the duration of the block. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, TextIO, Union
+
+from omegaconf import DictConfig
+
+from eagle3.errors import Eagle3Error
+from eagle3.serving.commands import HEALTH_PATHS, ServerCommand, build_command
+
+__all__ = ["ServerError", "ServerProcess", "check_health", "probe_health", "server_endpoints"]
+
+PathLike = Union[str, os.PathLike]
+DEFAULT_GRACE_S = 15.0
+TAIL_IN_ERRORS = 8  # log lines quoted in a one-line error
+_MAX_TAIL_CHARS = 240
+_EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class ServerError(Eagle3Error):
+    """A server that did not start, became unhealthy or exited; one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split("\n")))
+
+
+def _is_loopback_url(url: str) -> bool:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _open(url: str, timeout: float):
+    # A launched server is on loopback: never send its health checks through an HTTP proxy
+    # from the environment (most no_proxy lists do not name 127.0.0.1).
+    handlers = [urllib.request.ProxyHandler({})] if _is_loopback_url(url) else []
+    return urllib.request.build_opener(*handlers).open(url, timeout=timeout)
+
+
+def probe_health(url: str, paths: Sequence[str], timeout: float = 2.0) -> Optional[str]:
+    """The first of `paths` under `url` that answers 200, or None."""
+    for path in paths:
+        try:
+            with _open(url.rstrip("/") + path, timeout) as response:
+                if response.status == 200:
+                    return path
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    return None
+
+
+def check_health(urls: Sequence[str], backend: str, timeout_s: float = 10.0, poll_s: float = 0.5) -> list[str]:
+    """Wait up to `timeout_s` for every URL to be healthy; the URLs (no trailing slash).
+
+    Raises:
+        ServerError: Naming every URL that never answered, in one line.
+    """
+    paths = HEALTH_PATHS[backend]
+    pending = [str(u).rstrip("/") for u in urls]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = [u for u in pending if probe_health(u, paths) is None]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    if pending:
+        raise ServerError(f"server.urls: {', '.join(pending)} -- no {backend} server answered "
+                          f"{' or '.join(paths)} with 200 within {timeout_s:g} s; start it, or drop "
+                          "server.urls to let eagle3 launch one")
+    return [str(u).rstrip("/") for u in urls]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    # kill(0) also succeeds for zombies (already dead, waiting for a reaper we do not control).
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class ServerProcess:
+    """Run a server for the duration of a `with` block (see the module docstring).
+
+    Args:
+        command: What to run (`eagle3.serving.commands.build_command`).
+        log_path: File that receives the server's stdout and stderr (created, truncated).
+        startup_timeout_s: How long the health endpoint may take to answer 200.
+        grace_s: Time between SIGTERM and SIGKILL when stopping.
+        poll_s: Interval of the health checks.
+        echo: Also write each log line here (e.g. sys.stderr); None = log file only.
+        handle_sigterm: While running (main thread only), turn SIGTERM/SIGHUP sent to this
+            process into SystemExit so the server is stopped on the way out; restored on stop.
+
+    Example:
+        with ServerProcess(build_command(cfg), run_dir / "sglang.log", startup_timeout_s=600) as server:
+            client = make_client(server.url)
+    """
+
+    def __init__(self, command: ServerCommand, log_path: PathLike, *, startup_timeout_s: float,
+                 grace_s: float = DEFAULT_GRACE_S, poll_s: float = 0.5, echo: Optional[TextIO] = None,
+                 handle_sigterm: bool = True) -> None:
+        self.command = command
+        self.log_path = Path(log_path)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.grace_s = float(grace_s)
+        self.poll_s = float(poll_s)
+        self.echo = echo
+        self.handle_sigterm = handle_sigterm
+        self._proc: Optional[subprocess.Popen] = None
+        self._reader: Optional[threading.Thread] = None
+        self._log = None
+        self._tail: deque[str] = deque(maxlen=200)
+        self._stopped = False
+        self._previous_handlers: dict = {}
+
+    # ---------------------------------------------------------------------------------------
+    # State
+
+    @property
+    def url(self) -> str:
+        return self.command.url
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._proc.poll() if self._proc else None
+
+    def tail(self, n: int = TAIL_IN_ERRORS) -> list[str]:
+        """The last `n` non-empty lines the server wrote."""
+        lines = [line for line in list(self._tail) if line.strip()]
+        return lines[-n:]
+
+    def _tail_text(self) -> str:
+        lines = [(line if len(line) <= _MAX_TAIL_CHARS else line[:_MAX_TAIL_CHARS] + "...") for line in self.tail()]
+        return " | ".join(line.strip() for line in lines) if lines else "(no output)"
+
+    # ---------------------------------------------------------------------------------------
+    # Lifecycle
+
+    def __enter__(self) -> ServerProcess:
+        try:
+            self.start()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the process (returns at once; see `wait_healthy`)."""
+        if self._proc is not None:
+            raise RuntimeError("ServerProcess.start: already started")
+        if _port_in_use(self.command.host, self.command.port):
+            # Otherwise the health check could be answered by whatever holds the port while our
+            # server fails to bind: a benchmark of the wrong server.
+            raise ServerError(f"server.port: {self.command.port} -- something already listens on "
+                              f"{self.url}; valid: a free port, or server.urls=[{self.url}] to use "
+                              "a server that is already running")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self._log.write(f"# eagle3: {self.command.shell()}\n".encode())
+        self._log.flush()
+        env = dict(os.environ)
+        env.update(self.command.env)
+        try:
+            self._proc = subprocess.Popen(self.command.argv, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        except OSError as exc:
+            self._log.close()
+            raise ServerError(f"server.python: {self.command.argv[0]!r} -- cannot start the "
+                              f"{self.command.backend} server ({exc.strerror or exc}); valid: the "
+                              "python of the environment the server is installed in") from None
+        self._install_sigterm()
+        self._reader = threading.Thread(target=self._pump, name=f"{self.command.backend}-log", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        stream = self._proc.stdout
+        for raw in iter(stream.readline, b""):
+            with contextlib.suppress(ValueError, OSError):  # log closed while stopping
+                self._log.write(raw)
+                self._log.flush()
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            self._tail.append(line)
+            if self.echo is not None:
+                with contextlib.suppress(Exception):
+                    self.echo.write(line + "\n")
+                    self.echo.flush()
+        stream.close()
+
+    def _drain(self, timeout: float = 2.0) -> None:
+        """Let the reader catch up with output already written (the tail of a dead server)."""
+        if self._reader is not None:
+            self._reader.join(timeout)
+
+    def _exited_error(self, when: str) -> ServerError:
+        self._drain()
+        return ServerError(f"{self.command.backend} server exited with code {self._proc.returncode} {when} "
+                           f"(log: {self.log_path}); last lines: {self._tail_text()}")
+
+    def wait_healthy(self) -> str:
+        """Block until a health path answers 200; returns that path.
+
+        Raises:
+            ServerError: The process exited first, or `startup_timeout_s` passed (the process is
+                stopped before this is raised).
+        """
+        deadline = time.monotonic() + self.startup_timeout_s
+        paths = self.command.health_paths
+        while True:
+            if self._proc.poll() is not None:
+                raise self._exited_error(f"before {self.url} was healthy")
+            path = probe_health(self.url, paths)
+            if path is not None:
+                return path
+            if time.monotonic() >= deadline:
+                self.stop()
+                self._drain()
+                raise ServerError(f"{self.command.backend} server was not healthy at {self.url} "
+                                  f"({' or '.join(paths)}) after {self.startup_timeout_s:g} s "
+                                  f"(server.startup_timeout_s); stopped it (log: {self.log_path}); "
+                                  f"last lines: {self._tail_text()}")
+            time.sleep(self.poll_s)
+
+    def wait(self) -> None:
+        """Hold while the server runs (until Ctrl-C); a server that exits is an error.
+
+        Raises:
+            ServerError: The server exited on its own, with its last log lines.
+        """
+        while self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                continue
+        raise self._exited_error("while serving")
+
+    def stop(self) -> Optional[int]:
+        """Stop the whole process group (SIGTERM, then SIGKILL after `grace_s`); idempotent.
+
+        Returns:
+            The server's exit code (None if it never started).
+        """
+        if self._proc is None:
+            if self._log is not None:
+                self._log.close()
+            return None
+        if not self._stopped:
+            try:
+                self._terminate()
+            finally:
+                self._stopped = True
+                self._restore_sigterm()
+                self._drain(5.0)
+                with contextlib.suppress(OSError):
+                    self._log.close()
+        return self._proc.returncode
+
+    def _terminate(self) -> None:
+        proc, pgid = self._proc, self._proc.pid  # start_new_session: the group id is the pid
+        proc.poll()
+        if proc.returncode is not None and not _group_alive(pgid):
+            return
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None and not _group_alive(pgid):
+                    return
+                time.sleep(0.05)
+        except BaseException:  # a second Ctrl-C while waiting: no more grace
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            raise
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait()
+
+    # ---------------------------------------------------------------------------------------
+    # SIGTERM/SIGHUP -> SystemExit, so a cancelled job or a closed terminal still stops the
+    # server (its own session does not get the terminal's signals; Python's default for these
+    # two is to die without running any cleanup).
+
+    def _install_sigterm(self) -> None:
+        if not self.handle_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+
+        def _exit(signum, frame):
+            raise SystemExit(128 + signum)
+
+        self._previous_handlers = {sig: signal.signal(sig, _exit) for sig in _EXIT_SIGNALS}
+
+    def _restore_sigterm(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+
+
+@contextlib.contextmanager
+def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLike] = None,
+                     echo: Optional[TextIO] = None, connect_timeout_s: float = 10.0) -> Iterator[list[str]]:
+    """Base URLs of the configured server(s) for the duration of the block.
+
+    With `server.urls` set, nothing is launched: each URL must answer its health check. Otherwise
+    the command for `server.backend` is built (draft checked) and run, logging to
+    `run_dir/<backend>-<port>.log`, and stopped when the block ends.
+
+    Args:
+        cfg: The composed config.
+        run_dir: This job's directory (the server log goes there).
+        draft: The draft export to serve; None = `server.speculative.draft_path`.
+        echo: Where to echo the server log too (None = file only).
+        connect_timeout_s: How long connect mode waits for the URLs to be healthy.
+    """
+    server = cfg.server
+    if server.urls:
+        yield check_health(list(server.urls), str(server.backend), timeout_s=connect_timeout_s)
+        return
+    command = build_command(cfg, draft)
+    log_path = Path(run_dir) / f"{command.backend}-{command.port}.log"
+    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo) as proc:
+        yield [proc.url]

@@ -1,0 +1,105 @@
+"""Stage `serve`: launch the configured SGLang/vLLM server (with its draft) and hold it.
+
+Standalone (not part of `stage=all`). It prints the exact command line -- environment first, so
+stdout is a script a user can paste -- starts the server bound to 127.0.0.1, prints its URL once
+the health endpoint answers, and holds it until Ctrl-C, then stops it and every process it
+spawned. The server's log goes to the run directory (and to the console).
+
+The draft: `server.speculative.draft_path`, or, when that is null, the export for this engine
+of this config's complete train output (`<train unit>/draft/<engine>`). Either is validated
+before launch (`eagle3.serving.commands`); `server.speculative.algorithm=null` serves the target
+alone. `serve.dry_run=true` prints the command and environment and launches nothing.
+With `server.urls` set nothing is launched: the URLs are health-checked and printed.
+
+    python scripts/run.py stage=serve model=kimi_k25 server=sglang_sm120 \\
+        server.speculative.draft_path=/models/kimi-eagle3/draft/sglang serve.dry_run=true
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from eagle3.stages.base import MissingInput, StageContext, require
+
+log = logging.getLogger("eagle3")
+
+
+def resolve_draft(cfg: DictConfig, ctx: StageContext) -> Optional[Path]:
+    """The draft directory to serve: configured, this config's trained export, or None (no speculation).
+
+    Raises:
+        MissingInput: `draft_path` is null and this config has no complete train output.
+    """
+    spec = cfg.server.speculative
+    if spec.algorithm is None:
+        return None
+    if spec.draft_path is not None:
+        return Path(str(spec.draft_path)).expanduser()
+    from eagle3.stages.train import EXPORT_DIR, TRAIN
+
+    try:
+        manifest = require(TRAIN, cfg, ctx, cfg.dataset.name)
+    except MissingInput as exc:
+        raise MissingInput(f"server.speculative.draft_path is null, which means the draft this config "
+                           f"trains, but {exc}; or set server.speculative.draft_path to an export, or "
+                           "server.speculative.algorithm=null to serve the target alone") from None
+    return Path(manifest.dir) / EXPORT_DIR / str(cfg.server.backend)
+
+
+def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
+    """Launch and hold the server (see the module docstring); returns no manifests.
+
+    Args:
+        out: Where the command line and URL are printed (default stdout).
+    """
+    from eagle3.serving import ServerProcess, build_command, check_health
+
+    out = out or sys.stdout
+    server = cfg.server
+    if server.urls:
+        urls = check_health(list(server.urls), str(server.backend))
+        for url in urls:
+            print(f"# eagle3 serve: {server.backend} already running and healthy at {url} (server.urls; "
+                  "nothing launched)", file=out, flush=True)
+        return []
+
+    command = build_command(cfg, resolve_draft(cfg, ctx))
+    what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
+    if cfg.serve.dry_run:
+        print(f"# eagle3 serve: {what} (dry run: nothing launched)", file=out)
+        print(command.shell(), file=out, flush=True)
+        return []
+
+    log_path = ctx.run_dir / f"{command.backend}-{command.port}.log"
+    print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
+    print(command.shell(), file=out, flush=True)
+    try:
+        with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
+                           echo=sys.stderr) as proc:
+            print(f"# eagle3 serve: ready at {proc.url} (OpenAI API {proc.url}/v1); Ctrl-C stops it",
+                  file=out, flush=True)
+            log.info("serve: %s ready at %s (pid %s)", command.backend, proc.url, proc.pid)
+            proc.wait()  # returns only by raising: Ctrl-C, or the server exiting on its own
+    except KeyboardInterrupt:
+        print(f"# eagle3 serve: stopped {command.backend} at {command.url} (Ctrl-C)", file=out, flush=True)
+    return []
+
+
+@dataclass(frozen=True)
+class ServeStage:
+    """A standalone stage: no units, no manifest, nothing to skip."""
+
+    name: str = "serve"
+    help: str = "launch the configured SGLang/vLLM server (and draft) on 127.0.0.1 and hold it until Ctrl-C"
+
+    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list:
+        return serve(cfg, ctx)
+
+
+SERVE = ServeStage()

@@ -1,0 +1,403 @@
+"""Stage `generate` over HTTP (server=vllm|sglang with server.urls): the OpenAI-compatible client.
+
+Every test talks to real HTTP endpoints on 127.0.0.1 (`MockChatServer`, an aiohttp app on a
+random port that answers like vLLM/SGLang with their reasoning and tool-call parsers on):
+
+* the wire format: what a request carries (thinking via chat_template_kwargs, tools, sampling,
+  a per-request seed) and how responses of either engine become canonical messages;
+* the client alone: retries over dropped connections, 5xx/429 and stalls, a too-long prompt,
+  concurrency partitions, endpoints sharing the load, a dead server stopping the run;
+* the stage: (a) the CLI regenerates 60 demo prompts with reasoning and tool calls captured;
+  (b) against a faulty server nothing is lost or duplicated, counts reconcile, and a kill -9
+  mid-run then a rerun ends byte-equal to an uninterrupted run; (c) several endpoints (one of
+  them dead) share the load and give the same output as one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.config import validate_config
+from eagle3.generation import BackendUnavailable, GenerationRequest, SamplingParams, make_backend
+from eagle3.generation.http_backend import HTTPBackend, HTTPSettings, Partition, backoff_delay
+from eagle3.generation.mock_server import TOO_LONG_MARKER, FaultPlan, MockChatServer, request_key
+from eagle3.generation.openai_chat import (
+    BadResponse,
+    build_body,
+    chat_url,
+    is_context_error,
+    models_url,
+    request_seed,
+    to_result,
+)
+from eagle3.stages import StageContext, stage_names
+from eagle3.stages.demo_data import DEMO_DATA
+from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
+from eagle3.stages.prep import PREP
+from tests.conftest import RUN_PY, compose_config, run_cli
+
+UNIT = "demo_prompts"
+N_CONVS = 60
+DATA = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={N_CONVS}",
+        "generate.batch_size=4", "generate.max_new_tokens=64")
+# Fast retries for tests: the schedule, not the clock, decides what fails.
+FAST = ("generate.http.backoff_s=0.01", "generate.http.max_backoff_s=0.05", "generate.http.connect_wait_s=10",
+        "generate.http.log_every_s=0.5")
+
+
+def _urls(*urls: str) -> str:
+    return f"server.urls=[{','.join(urls)}]"
+
+
+def _settings(*urls: str, **kw) -> HTTPSettings:
+    base = dict(urls=tuple(urls), request_timeout_s=5.0, backoff_s=0.01, max_backoff_s=0.05, max_attempts=4,
+                connect_wait_s=5.0)
+    return HTTPSettings(**{**base, **kw})
+
+
+def _requests(n: int, prefix: str = "c", thinking: bool = True, size: int = 1) -> list[GenerationRequest]:
+    return [GenerationRequest(id=f"{prefix}{i}:0", messages=[{"role": "user", "content": f"question {i} " * size}],
+                              thinking=thinking) for i in range(n)]
+
+
+PARAMS = SamplingParams(max_new_tokens=32, temperature=0.6, top_p=0.95, seed=11)
+
+
+# ----------------------------------------------------------------------------- wire format
+def test_request_body_carries_thinking_tools_sampling_and_a_per_request_seed():
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"},
+               {"role": "user", "content": "q2"}]
+    req = GenerationRequest(id="conv-1:1", messages=history, tools=tools, thinking=False)
+    body = build_body(req, PARAMS, model="kimi", thinking_keys=("thinking",),
+                      chat_template_kwargs={"thinking": True, "other": 1}, extra_body={"skip_special_tokens": False})
+    assert body["chat_template_kwargs"] == {"thinking": False, "other": 1}  # the source's mode wins
+    assert body["tools"] == tools and body["messages"] == history and body["model"] == "kimi"
+    assert (body["max_tokens"], body["temperature"], body["top_p"]) == (32, 0.6, 0.95)
+    assert body["stream"] is False and body["n"] == 1 and body["skip_special_tokens"] is False
+    assert body["seed"] == request_seed(11, "conv-1:1") < 2**31
+    assert request_seed(11, "conv-2:1") != body["seed"] != request_seed(12, "conv-1:1")
+    assert "tools" not in build_body(GenerationRequest(id="x", messages=history), PARAMS, model="m")
+    assert chat_url("http://h:1/v1/") == chat_url("http://h:1") == "http://h:1/v1/chat/completions"
+    assert models_url("http://h:1/v1") == "http://h:1/v1/models"
+
+
+def _response(message: dict, finish: str = "stop", usage=(7, 5)) -> dict:
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}
+
+
+def test_responses_of_either_engine_become_canonical_messages():
+    think, plain = GenerationRequest(id="a", messages=[]), GenerationRequest(id="b", messages=[], thinking=False)
+    # SGLang / older vLLM name the field reasoning_content, newer vLLM `reasoning`.
+    for field in ("reasoning_content", "reasoning"):
+        r = to_result(think, _response({"role": "assistant", "content": "hi", field: "why"}))
+        assert r.message == {"role": "assistant", "content": "hi", "reasoning_content": "why"}
+        assert (r.finish_reason, r.prompt_tokens, r.completion_tokens, r.error) == ("stop", 7, 5, None)
+    # No reasoning parser on the server: the think block is split off the content.
+    r = to_result(think, _response({"role": "assistant", "content": "<think>why</think>hi"}))
+    assert r.message["reasoning_content"] == "why" and r.message["content"] == "hi"
+    assert to_result(think, _response({"role": "assistant", "content": "hi"})).message["reasoning_content"] == ""
+    # Thinking off: no reasoning_content; stray reasoning is kept as answer text.
+    r = to_result(plain, _response({"role": "assistant", "content": "hi", "reasoning": "why "}))
+    assert r.message == {"role": "assistant", "content": "why hi"}
+    # Tool calls: engine extras dropped, parsed arguments re-serialized, null content, and the
+    # finish reason follows the message (some servers say `stop`); `length` wins.
+    call = {"id": "functions.lookup:0", "index": 0, "type": "function",
+            "function": {"name": "lookup", "arguments": {"q": "x"}}}
+    r = to_result(think, _response({"role": "assistant", "content": None, "reasoning_content": "r",
+                                    "tool_calls": [call]}, finish="stop"))
+    assert r.finish_reason == "tool_calls" and r.message["content"] == ""
+    assert r.message["tool_calls"] == [{"id": "functions.lookup:0", "type": "function",
+                                        "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
+    r = to_result(think, _response({"role": "assistant", "content": "", "tool_calls": [call]}, finish="length"))
+    assert r.finish_reason == "length"
+    for bad in ({"object": "error", "message": "boom"}, {"choices": []}, [1],
+                _response({"role": "assistant", "content": ""}, finish="abort")):
+        with pytest.raises(BadResponse):
+            to_result(think, bad)
+    assert is_context_error(400, "This model's maximum context length is 2048 tokens. However, you requested 9")
+    assert is_context_error(400, "The input (3000 tokens) is longer than the model's context length (2048 tokens).")
+    assert not is_context_error(500, "maximum context length") and not is_context_error(400, "bad tool schema")
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    rng = random.Random(0)
+    for attempt, step in ((1, 1.0), (2, 2.0), (3, 4.0), (8, 10.0)):
+        delays = [backoff_delay(attempt, 1.0, 10.0, rng) for _ in range(200)]
+        assert step / 2 <= min(delays) and max(delays) <= step and len(set(delays)) > 100
+    assert backoff_delay(1, 1.0, 10.0, rng, retry_after=5) == 5
+    assert backoff_delay(1, 1.0, 10.0, rng, retry_after=500) == 10
+
+
+def test_config_validation_of_the_client_keys():
+    cfg = compose_config(["server=vllm", _urls("http://127.0.0.1:1"),
+                          "generate.http.partitions=[{max_context:100,concurrency:0},{max_context:100,concurrency:2}]",
+                          "generate.http.endpoint_strategy=random", "generate.http.max_attempts=0",
+                          "generate.http.thinking_keys=[]", "+generate.http.extra_body.seed=3"])
+    errors = "\n".join(validate_config(cfg, stage_names()))
+    for key in ("partitions[0].concurrency", "generate.http.partitions:", "endpoint_strategy", "max_attempts",
+                "thinking_keys", "extra_body.seed"):
+        assert key in errors, (key, errors)
+    assert validate_config(compose_config(["server=sglang", _urls("http://127.0.0.1:1")]), stage_names()) == []
+
+
+# ----------------------------------------------------------------------------- the client
+def test_retries_through_drops_5xx_429_and_stalls_and_reports_what_still_fails():
+    faults = FaultPlan(seed=3, p_fault=0.6, max_faulty_attempts=2, p_permanent=0.1, stall_s=1.0)
+    with MockChatServer(faults=faults, tool_every=5, length_every=7, record_bodies=True) as server:
+        backend = HTTPBackend(_settings(server.url, request_timeout_s=0.4, max_attempts=4))
+        try:
+            requests = _requests(40) + [GenerationRequest(id="long:0", messages=[
+                {"role": "user", "content": f"{TOO_LONG_MARKER} please"}])]
+            results = backend.generate(requests, PARAMS)
+            stats = backend.stats()
+        finally:
+            backend.close()
+    assert [r.id for r in results] == [r.id for r in requests]  # request order, every request answered
+    assert {"drop", "http_500", "http_503", "http_429", "stall"} <= set(server.stats), server.stats
+    assert stats["retries"] > 0 and {"timeout", "connection", "http_500"} <= set(stats["errors"]), stats
+    failed = [r for r in results if r.error == "request_failed"]
+    permanent = [r for r in requests[:40] if faults.fault(_key(server, r), 99)]  # fails on every attempt
+    assert len(failed) == len(permanent) > 0 and stats["requests_failed"] == len(failed)
+    assert all("http_500" in r.error_detail and "attempt 4 of 4" in r.error_detail for r in failed)
+    ok = [r for r in results if r.error is None]
+    assert len(ok) == 40 - len(failed) and all(r.message.get("reasoning_content") for r in ok)
+    assert {r.finish_reason for r in ok} == {"stop", "length", "tool_calls"}
+    [too_long] = [r for r in results if r.id == "long:0"]
+    assert too_long.error == "prompt_too_long" and "maximum context length" in too_long.error_detail
+    assert server.stats["too_long"] == 1, "a prompt the server refuses as too long is not retried"
+
+
+def _key(server: MockChatServer, request: GenerationRequest) -> str:
+    """The mock server's key of a request as the client sends it (default settings)."""
+    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=HTTPSettings(urls=()).thinking_keys))
+
+
+def test_partitions_cap_concurrency_by_prompt_length():
+    # At the default 3 characters per token, short prompts are ~12 tokens, long ones ~490.
+    with MockChatServer(latency_s=0.15, long_chars=1000) as server:
+        parts = (Partition(max_context=100, concurrency=4), Partition(max_context=None, concurrency=2))
+        backend = HTTPBackend(_settings(server.url, partitions=parts))
+        try:
+            short, long = _requests(24, "s"), _requests(8, "l", size=120)
+            results = backend.generate(short + long, PARAMS)
+            assert backend.stats()["partitions"] == {"<=100": 24, "any": 8}
+        finally:
+            backend.close()
+        assert all(r.error is None for r in results)
+        assert server.max_inflight["short"] == 4 and server.max_inflight["long"] == 2, server.max_inflight
+        assert server.max_inflight["all"] == 6  # the partitions run side by side
+        # Only finite partitions: a prompt longer than all of them is refused before sending.
+        backend = HTTPBackend(_settings(server.url, partitions=(Partition(max_context=100, concurrency=4),)))
+        try:
+            [r] = backend.generate(_requests(1, "x", size=200), PARAMS)
+        finally:
+            backend.close()
+        assert r.error == "prompt_too_long" and r.prompt_tokens > 100
+
+
+def test_endpoints_share_the_load_round_robin_and_least_busy():
+    servers = [MockChatServer(latency_s=0.05).start() for _ in range(3)]
+    try:
+        urls = [s.url for s in servers]
+        backend = HTTPBackend(_settings(*urls, endpoint_strategy="round_robin"))
+        try:
+            backend.generate(_requests(30), PARAMS)
+        finally:
+            backend.close()
+        assert [s.stats["ok"] for s in servers] == [10, 10, 10]
+        for s in servers:
+            s.reset()
+        backend = HTTPBackend(_settings(*urls, partitions=(Partition(None, 6),)))
+        try:
+            backend.generate(_requests(60), PARAMS)
+        finally:
+            backend.close()
+        assert sum(s.stats["ok"] for s in servers) == 60 and min(s.stats["ok"] for s in servers) >= 15
+        assert max(s.max_inflight["all"] for s in servers) <= 3  # least busy keeps them level
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
+    with MockChatServer(faults=FaultPlan(p_permanent=1.0)) as server:
+        backend = HTTPBackend(_settings(server.url, max_attempts=2, max_consecutive_failures=5,
+                                        partitions=(Partition(None, 2),)))
+        try:
+            with pytest.raises(BackendUnavailable, match="in a row failed"):
+                backend.generate(_requests(40), PARAMS)
+        finally:
+            backend.close()
+        assert server.stats["requests"] < 40 * 2  # it stopped early
+    with pytest.raises(BackendUnavailable, match="no endpoint answered"):
+        backend = HTTPBackend(_settings("http://127.0.0.1:9", connect_wait_s=0.5))
+        try:
+            backend.generate(_requests(1), PARAMS)
+        finally:
+            backend.close()
+    cfg = compose_config(["server=vllm"])
+    with pytest.raises(BackendUnavailable, match="server.urls"):
+        make_backend(cfg)
+    assert isinstance(make_backend(cfg, urls=["http://127.0.0.1:9"]), HTTPBackend)  # a launcher's URLs
+
+
+# ----------------------------------------------------------------------------- the stage
+def _prepare(root: Path, *overrides: str):
+    """demo_data -> prep in this process; returns (cfg, ctx) for the generate overrides."""
+    cfg = compose_config([*DATA, f"paths.root={root}", *overrides])
+    ctx = StageContext(root=root, run_dir=root / "run")
+    DEMO_DATA(cfg, ctx)
+    PREP(cfg, ctx)
+    return cfg, ctx
+
+
+def _prep_ids(cfg, ctx) -> list[str]:
+    prep = PREP.locate(cfg, ctx, UNIT)[1]
+    return [r["id"] for r in read_jsonl(prep.dir / CONVERSATIONS_FILE)]
+
+
+def _check_complete_and_exact(manifest: Manifest, prep_ids: list[str]) -> tuple[list[dict], list[dict]]:
+    """Every input id exactly once in output + rejects, and the counts say so."""
+    assert manifest.status == "complete"
+    records = list(read_jsonl(manifest.dir / CONVERSATIONS_FILE))
+    rejects = list(read_jsonl(manifest.dir / "rejects.jsonl"))
+    ids = [r["id"] for r in records] + [r["id"] for r in rejects]
+    assert sorted(ids) == sorted(prep_ids) and len(set(ids)) == len(ids), "lost or duplicated conversations"
+    counts = manifest.counts
+    assert counts["in"] == len(prep_ids) == counts["out"] + sum(counts["rejected"].values()), counts
+    assert counts["out"] == len(records) and sum(counts["rejected"].values()) == len(rejects)
+    return records, rejects
+
+
+def test_a_cli_generate_over_http_writes_canonical_conversations_with_reasoning(tmp_path):
+    with MockChatServer(reasoning_field="reasoning", tool_every=6, record_bodies=True) as server:
+        cfg, ctx = _prepare(tmp_path / "artifacts", "server=vllm", _urls(server.url))
+        done = run_cli([*DATA, "stage=generate", "server=vllm", _urls(server.url), *FAST,
+                        f"paths.root={tmp_path / 'artifacts'}"], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "[generate] demo_prompts" in done.stdout + done.stderr
+    manifest = GENERATE.locate(cfg, ctx, UNIT)[1]
+    assert manifest is not None
+    records, rejects = _check_complete_and_exact(manifest, _prep_ids(cfg, ctx))
+    assert len(records) == N_CONVS and not rejects
+    ended = Counter(r["meta"]["generation"]["ended"] for r in records)
+    assert ended["tool_calls"] > 0 and ended["complete"] > 0, ended
+    for rec in records:
+        assert rec["track"] == "prompt_only" and rec["source"] == UNIT
+        roles = [m["role"] for m in rec["messages"] if m["role"] != "system"]
+        assert roles == ["user", "assistant"] * (len(roles) // 2)
+        for msg in (m for m in rec["messages"] if m["role"] == "assistant"):
+            assert msg["reasoning_content"].startswith("The user asks:")  # vLLM's `reasoning`, captured
+            assert set(msg) <= {"role", "content", "reasoning_content", "tool_calls"}
+            for call in msg.get("tool_calls", []):
+                assert set(call) == {"id", "type", "function"} and json.loads(call["function"]["arguments"])
+        turns = rec["meta"]["generation"]["turns"]
+        assert all(t["completion_tokens"] > 0 and t["prompt_tokens"] > 0 for t in turns)
+    # What went over the wire: the source's thinking mode, the served model, the sampling knobs.
+    body = server.bodies[0]
+    assert body["model"] == "mock-target" and body["chat_template_kwargs"]["thinking"] is True
+    assert (body["max_tokens"], body["temperature"], body["top_p"]) == (64, 0.6, 0.95)
+    extra = manifest.extra
+    assert extra["backend"]["backend"] == "vllm" and extra["backend"]["urls"] == [server.url]
+    client = extra["this_run"]["client"]
+    assert client["requests_ok"] == manifest.counts["assistant_turns"] == server.stats["ok"]
+    assert extra["this_run"]["inflight_batches"] > 1
+    assert "generate demo_prompts: 60/60 conversations" in done.stdout + done.stderr  # the progress line
+
+
+FAULTY = FaultPlan(seed=7, p_fault=0.35, max_faulty_attempts=2, p_permanent=0.05, stall_s=2.0)
+FAULT_CLIENT = ("server=vllm", "generate.http.request_timeout_s=1.0", "generate.http.max_attempts=5",
+                "generate.http.inflight_batches=2", *FAST)
+
+
+def _lines(*paths: Path) -> int:
+    return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
+
+
+def test_b_faults_lose_nothing_and_a_kill_9_rerun_equals_an_uninterrupted_run(tmp_path):
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
+    with MockChatServer(faults=FAULTY, latency_s=0.05, length_every=5, tool_every=11) as server:
+        overrides = (*FAULT_CLIENT, _urls(server.url))
+        killed = tmp_path / "killed"
+        cfg, ctx = _prepare(killed, *overrides)
+        unit_dir = GENERATE.locate(cfg, ctx, UNIT)[0]
+        partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
+        cli = [sys.executable, str(RUN_PY), *DATA, "stage=generate", *overrides, f"paths.root={killed}"]
+        proc = subprocess.Popen(cli, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while proc.poll() is None and _lines(*partials) < 8 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert proc.poll() is None, "generate finished (or died) before it could be killed"
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert Manifest.load(unit_dir).status == "running"
+        assert 0 < _lines(*partials) < N_CONVS
+
+        server.reset()  # the rerun meets the same fault schedule as a fresh server
+        rerun = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+        resumed = Manifest.load(unit_dir)
+        assert resumed.extra["this_run"]["batches_skipped"] >= 1
+
+        server.reset()
+        clean_cfg, clean_ctx = _prepare(tmp_path / "clean", *overrides)
+        [clean] = GENERATE(clean_cfg, clean_ctx)
+        faults_seen = dict(server.stats)
+
+    assert clean.dir.name == unit_dir.name  # same config and inputs -> same fingerprint
+    records, rejects = _check_complete_and_exact(clean, _prep_ids(clean_cfg, clean_ctx))
+    _check_complete_and_exact(resumed, _prep_ids(cfg, ctx))
+    for name in (CONVERSATIONS_FILE, "rejects.jsonl"):
+        assert (unit_dir / name).read_bytes() == (clean.dir / name).read_bytes(), name
+    assert resumed.counts == clean.counts
+    # The faults happened, were retried through, and only the always-failing requests ended
+    # as rejects (with their reason and last error), the length cuts kept flagged.
+    assert {"drop", "http_500", "http_503", "http_429", "stall"} <= set(faults_seen), faults_seen
+    client = clean.extra["this_run"]["client"]
+    assert client["retries"] > 0 and {"timeout", "connection"} <= set(client["errors"]), client
+    assert rejects and {r["reason"] for r in rejects} == {"request_failed"}
+    assert all("http_500" in r["detail"]["error"] for r in rejects)
+    assert clean.counts["rejected"] == {"request_failed": len(rejects)} == {"request_failed": client["requests_failed"]}
+    assert clean.extra["finish_reasons"].get("length", 0) > 0 and clean.counts["length_cut_kept"] > 0
+    assert len(records) == N_CONVS - len(rejects)
+
+
+def test_c_several_endpoints_one_dead_share_the_load_and_match_one_endpoint(tmp_path):
+    servers = [MockChatServer(latency_s=0.03, tool_every=7, length_every=9).start() for _ in range(4)]
+    try:
+        *many, single = servers
+        shared = ("server=sglang", *FAST, "generate.http.inflight_batches=4")
+        cfg, ctx = _prepare(tmp_path / "many", *shared, _urls(*(s.url for s in many), "http://127.0.0.1:9"))
+        [multi] = GENERATE(cfg, ctx)
+        one_cfg, one_ctx = _prepare(tmp_path / "one", *shared, _urls(single.url))
+        [one] = GENERATE(one_cfg, one_ctx)
+    finally:
+        for s in servers:
+            s.stop()
+    _check_complete_and_exact(multi, _prep_ids(cfg, ctx))
+    assert multi.dir.name == one.dir.name  # endpoints are not part of what is generated
+    assert (multi.dir / CONVERSATIONS_FILE).read_bytes() == (one.dir / CONVERSATIONS_FILE).read_bytes()
+    served = [s.stats["ok"] for s in many]
+    assert sum(served) == single.stats["ok"] == multi.counts["assistant_turns"]
+    assert min(served) >= sum(served) // 6, served  # each live endpoint took a real share
+    endpoints = multi.extra["this_run"]["client"]["endpoints"]
+    assert endpoints["http://127.0.0.1:9"]["alive_at_start"] is False
+    assert endpoints["http://127.0.0.1:9"]["ok"] == 0 and not multi.counts["rejected"]
