@@ -146,10 +146,15 @@ def write_eval_report(report: dict, out_dir) -> dict[str, Path]:
     Returns:
         `{"json": path, "md": path, "png": path}`.
     """
+    return write_report_files(out_dir, REPORT_FILES, report, render_markdown(report), _plot(report))
+
+
+def write_report_files(out_dir, names: dict[str, str], report: dict, markdown: str, png: bytes) -> dict[str, Path]:
+    """The JSON / markdown / PNG trio every report stage writes, atomically; `names` maps json/md/png to file names."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out / name for kind, name in REPORT_FILES.items()}
+    paths = {kind: out / name for kind, name in names.items()}
     atomic_write_json(paths["json"], report)
-    atomic_write_text(paths["md"], render_markdown(report))
-    atomic_write_bytes(paths["png"], _plot(report))
+    atomic_write_text(paths["md"], markdown)
+    atomic_write_bytes(paths["png"], png)
     return paths

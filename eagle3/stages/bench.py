@@ -57,7 +57,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts import Manifest, StageOutput, atomic_write_bytes, atomic_write_json, atomic_write_text
+from eagle3.artifacts import Manifest, StageOutput
 from eagle3.errors import Eagle3Error
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
@@ -579,13 +579,9 @@ def _plot(report: Mapping[str, Any]) -> bytes:
 
 def write_bench_report(report: dict, out_dir) -> dict[str, Path]:
     """`bench_report.json`, `bench_report.md`, `bench.png` in `out_dir` (atomic writes)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out / name for kind, name in REPORT_FILES.items()}
-    atomic_write_json(paths["json"], report)
-    atomic_write_text(paths["md"], render_markdown(report))
-    atomic_write_bytes(paths["png"], _plot(report))
-    return paths
+    from eagle3.draft.report import write_report_files
+
+    return write_report_files(out_dir, REPORT_FILES, report, render_markdown(report), _plot(report))
 
 
 def _log_report(cfg: DictConfig, ctx: StageContext, report: Mapping[str, Any], files: Mapping[str, Path]) -> None:
