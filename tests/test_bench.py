@@ -199,10 +199,15 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
         report = run_benchmark(cfg, ctx, "demo", PROMPTS, None)
         warm = base.requests[0]
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 12 for r in base.requests + spec.requests)
-        assert warm["prompt"] == PROMPTS[0]["input_ids"] and len(base.requests) == len(PROMPTS) + 1
+        # One warm-up request, then bench.repeats=3 timed passes over all prompts.
+        assert warm["prompt"] == PROMPTS[0]["input_ids"] and len(base.requests) == 3 * len(PROMPTS) + 1
     assert report["status"] == "ok"
-    # The warm-up request is not in the counter deltas: 5 requests of 11 tokens after the first.
+    # The warm-up request is not in the counter deltas.
     assert report["accept"]["accept_length"] == pytest.approx(2.5)
+    assert report["accept"]["drafts"] == 3 * 5 * round(11 / 2.5)
+    passes = report["phases"]["speculative"]["passes"]
+    assert len(passes) == 3 and report["speculative_tokens_per_s"] in [p["tokens_per_s"] for p in passes]
+    assert sorted(p["tokens_per_s"] for p in passes)[1] == report["speculative_tokens_per_s"]  # the median
     assert report["phases"]["baseline"]["output_tokens"] == report["phases"]["speculative"]["output_tokens"] == 60
     assert report["speedup"] == pytest.approx(report["speculative_tokens_per_s"] / report["baseline_tokens_per_s"])
     assert report["outputs_match"] == {"identical": 5, "of": 5}
@@ -257,7 +262,7 @@ def test_stage_writes_reports_and_fails_the_job_on_an_unused_draft(tmp_path, mon
     monkeypatch.setattr("eagle3.tracking.job_loggers", lambda cfg, run_dir: [Logger()])
     with FakeVLLM() as base, FakeVLLM(accept=3.0) as spec:
         manifests = stage(connect_cfg(tmp_path, spec.url, base.url), ctx)
-        assert [r["prompt"] for r in spec.requests[1:]] == [[5, 6], [9]]
+        assert [r["prompt"] for r in spec.requests[1:]] == [[5, 6], [9]] * 3
     (manifest,) = manifests
     assert manifest.status == "complete" and manifest.extra["summary"]["accept_length"] == pytest.approx(3.0)
     for name in ("bench_report.json", "bench_report.md", "bench.png"):

@@ -333,6 +333,7 @@ class BenchConfig:
     max_new_tokens: int = 128  # per prompt, greedy; conf: eval.max_new_tokens (comparable figures)
     concurrency: int = 1  # requests in flight (1 = batch-1 decoding, what speculation speeds up)
     warmup_requests: int = 1  # sent before the timed part, not counted
+    repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)
     baseline: bool = True  # also measure the target alone (speedup); false = speculative only
     # With server.urls (connect mode: nothing launched) the baseline server's URLs.
     baseline_urls: List[str] = field(default_factory=list)

@@ -430,6 +430,7 @@ def _check_bench(cfg: DictConfig, err: _Errors) -> None:
     err.positive("bench.num_prompts", bench.num_prompts)
     err.positive("bench.max_new_tokens", bench.max_new_tokens)
     err.positive("bench.concurrency", bench.concurrency)
+    err.positive("bench.repeats", bench.repeats)
     err.positive("bench.request_timeout_s", bench.request_timeout_s)
     if bench.warmup_requests < 0:
         err.add("bench.warmup_requests", bench.warmup_requests, "cannot be negative", ">= 0")
