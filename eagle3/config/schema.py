@@ -254,6 +254,9 @@ class ServeConfig:
     """Stage serve: launch the configured server and hold it until Ctrl-C."""
 
     dry_run: bool = False  # print the command line and environment, launch nothing
+    # server.backend the chain generated its data with, where the draft is found; null = the
+    # served backend if it has a chain, else the one backend that does (eagle3/stages/chain.py).
+    data_backend: Optional[str] = None
 
 
 @dataclass
@@ -341,7 +344,8 @@ class BenchConfig:
     min_accept_length: float = 1.05
     request_timeout_s: float = 600.0
     # server.backend the chain generated its data with (part of the fingerprints of merge, train
-    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend.
+    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend if it
+    # has a chain, else the one backend that does (eagle3/stages/chain.py).
     data_backend: Optional[str] = None
 
 

@@ -426,7 +426,6 @@ def _check_bench(cfg: DictConfig, err: _Errors) -> None:
     if server.speculative.algorithm is None:
         err.add("server.speculative.algorithm", None, "stage=bench compares the target with and without "
                 "the draft; the baseline turns speculation off by itself", "EAGLE3")
-    err.choice("bench.data_backend", bench.data_backend, SERVER_BACKENDS, allow_none=True)
     err.positive("bench.num_prompts", bench.num_prompts)
     err.positive("bench.max_new_tokens", bench.max_new_tokens)
     err.positive("bench.concurrency", bench.concurrency)
@@ -514,6 +513,8 @@ def validate_config(cfg: DictConfig, stages: Iterable[str]) -> list[str]:
     _check_model(cfg.model, err)
     _check_dataset(cfg.dataset, err)
     _check_server(cfg.server, cfg.model, err)
+    for key in ("bench.data_backend", "serve.data_backend"):
+        err.choice(key, OmegaConf.select(cfg, key), SERVER_BACKENDS, allow_none=True)
     if cfg.stage == "serve" and cfg.server.backend not in HTTP_BACKENDS:
         err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
                 f"{', '.join(HTTP_BACKENDS)} (e.g. server=sglang)")

@@ -155,7 +155,7 @@ def make_backend(cfg: DictConfig, urls: Optional[Sequence[str]] = None) -> Gener
         if not urls:
             raise BackendUnavailable(
                 f"server.backend={backend}: no server to talk to; set server.urls=[http://HOST:PORT,...] to "
-                f"running {backend} servers (starting them from stage generate is not available yet), "
+                f"running {backend} servers (stage generate launches one itself when they are not set), "
                 "or use server=hf (in-process transformers)")
         from eagle3.generation.http_backend import HTTPBackend
 

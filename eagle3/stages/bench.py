@@ -25,17 +25,17 @@ counters -- tokens per target forward, excluding the prefill token, as `stage=ev
 
 An accept length <= `bench.min_accept_length` (1.05) under speculation means the draft is not
 used at all; it is reported as a FAILED benchmark with the likely causes, not as a number, and
-the job exits non-zero. The chain's outputs (prompts, draft, eval) are looked up with
-`server.backend` replaced by `bench.data_backend` when set: the backend that generated the data is
-part of their fingerprints, and the demo chain runs on `hf`. When the in-process eval of this config is complete, its accept length
-at the same K (`server.speculative.num_steps`) is put beside the engine's, with the relative
+the job exits non-zero. The chain's outputs (prompts, draft, eval) are looked up under the
+benchmarked `server.backend`, else under the one other backend that generated a chain (the demo
+chain runs on `hf`; `bench.data_backend` chooses when several did; `eagle3.stages.chain`).
+When the in-process eval of this config is complete, its accept length at the same K (`server.speculative.num_steps`) is put beside the engine's, with the relative
 difference. Whether both servers produced the same greedy tokens is reported too.
 
 Results: `bench_report.json`, `bench_report.md`, `bench.png` in the unit directory and the run
 directory, logged to the job's loggers; the server logs are `bench-<mode>-<backend>.log` in the
 run directory.
 
-    python scripts/run.py stage=bench server=vllm server.python=.vllm-venv/bin/python bench.data_backend=hf
+    python scripts/run.py stage=bench server=vllm server.python=.vllm-venv/bin/python
 """
 
 from __future__ import annotations
@@ -329,29 +329,16 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
             "format": FORMAT_VERSION}
 
 
-def chain_config(cfg: DictConfig) -> DictConfig:
-    """The config under which the chain's outputs (merge, train, eval) are found.
+def _chain(cfg: DictConfig, ctx: StageContext, unit: str) -> DictConfig:
+    """The config under which this bench's chain (merge, train, eval) is found (`eagle3.stages.chain`)."""
+    from eagle3.stages.chain import chain_config
+    from eagle3.stages.merge import MERGE
 
-    The generate stage's fingerprint holds the backend that generated the data, so a chain run
-    with `server=hf` is not found under `server=vllm`: `bench.data_backend` names it (null = the
-    benchmarked `server.backend`).
-    """
-    backend = cfg.bench.data_backend
-    if backend is None or backend == cfg.server.backend:
-        return cfg
-    chain = copy.deepcopy(cfg)
-    OmegaConf.update(chain, "server.backend", str(backend), merge=False)
-    return chain
+    return chain_config(cfg, ctx, MERGE, unit, cfg.bench.data_backend, key="bench.data_backend")
 
 
 def _require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> Manifest:
-    try:
-        return require(stage, chain_config(cfg), ctx, unit)
-    except MissingInput as exc:
-        hint = ("" if cfg.bench.data_backend is not None else
-                f"; if the chain ran with another server.backend than {cfg.server.backend} (the default is "
-                "hf), say so with bench.data_backend=hf")
-        raise MissingInput(f"{exc}{hint}") from None
+    return require(stage, _chain(cfg, ctx, unit), ctx, unit)
 
 
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
@@ -410,7 +397,7 @@ def _eval_figure(cfg: DictConfig, ctx: StageContext, unit: str, k: int) -> Optio
     from eagle3.stages.eval import EVAL
 
     try:
-        where, manifest = EVAL.locate(chain_config(cfg), ctx, unit)
+        where, manifest = EVAL.locate(_chain(cfg, ctx, unit), ctx, unit)
     except MissingInput:
         return None
     report_path = where / "eval_report.json"

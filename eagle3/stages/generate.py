@@ -11,7 +11,9 @@ written again and fully done batches are skipped without running the model. Coun
 from the output files (not from this run's work) make a resumed run's manifest equal an
 uninterrupted one's.
 
-Servers (`server=vllm|sglang`, `server.urls=[...]`): the HTTP backend answers many requests at
+Servers (`server=vllm|sglang`): with `server.urls=[...]` the stage talks to running servers;
+without, it launches the configured one for the stage's duration (`GenerateStage`). The HTTP
+backend answers many requests at
 once, so several batches run at the same time (`generate.http.inflight_batches`, by default
 enough to keep the largest concurrency partition full), each in its own thread, still turn by
 turn. Their outcomes are written strictly in batch order, so the output file has the same order
@@ -22,12 +24,14 @@ a slow one (up to WRITE_WINDOW x inflight batches), so one stalled request does 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
@@ -271,7 +275,39 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, total=prep.counts.get("out"))
 
 
-GENERATE = UnitStage(
+@dataclass(frozen=True)
+class GenerateStage(UnitStage):
+    """`generate`, launching the configured server itself when no `server.urls` are given.
+
+    With `server=vllm|sglang` and no URLs, the target is served (on 127.0.0.1, log in the run
+    directory) once for all units of the stage, only when some unit still has work, and stopped
+    afterwards -- also on error or Ctrl-C. It serves the target alone unless
+    `server.speculative.draft_path` names a draft (speculation does not change what is sampled,
+    only how fast).
+    """
+
+    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        server = cfg.server
+        if server.backend not in HTTP_BACKENDS or server.urls or not self._has_work(cfg, ctx):
+            return super().__call__(cfg, ctx)
+        from eagle3.serving import server_endpoints
+
+        launch = copy.deepcopy(cfg)
+        if server.speculative.draft_path is None:
+            OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)
+        log.info("generate: launching %s for %s (log in %s)", server.backend, cfg.model.path, ctx.run_dir)
+        with server_endpoints(launch, ctx.run_dir) as urls:
+            connected = copy.deepcopy(cfg)
+            OmegaConf.update(connected, "server.urls", list(urls), merge=False)
+            return super().__call__(connected, ctx)
+
+    def _has_work(self, cfg: DictConfig, ctx: StageContext) -> bool:
+        if ctx.force:
+            return bool(self.units(cfg))
+        return any(self.locate(cfg, ctx, unit)[1] is None for unit in self.units(cfg))
+
+
+GENERATE = GenerateStage(
     name="generate",
     help="regenerate prompt-only conversations through the target (every assistant turn)",
     units=_units,
