@@ -1,15 +1,23 @@
-"""The job behind `scripts/run.py`: validate the composed config, then run the chosen stages."""
+"""The job behind `scripts/run.py`: validate the composed config, then run the chosen stages.
+
+Every job leaves `job.json` in its run directory (`JOB_FILE`): what it ran, with which overrides,
+whether it finished, and the manifest directory of every stage output it produced or reused. A
+sweep's jobs are found from these files (`stage=report`), not from a tracking service.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Optional
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from eagle3.artifacts.atomic import atomic_write_json
 from eagle3.config import validate_config
 from eagle3.errors import Eagle3Error
 from eagle3.stages import StageContext, stage_names, stages_to_run
@@ -19,6 +27,8 @@ log = logging.getLogger("eagle3")
 
 EXIT_CONFIG_ERROR = 2
 EXIT_STAGE_ERROR = 3  # a missing input or an unavailable backend
+JOB_FILE = "job.json"
+JOB_FORMAT = 1
 
 
 def report_config_errors(errors: list[str]) -> None:
@@ -27,6 +37,23 @@ def report_config_errors(errors: list[str]) -> None:
     print(f"eagle3: config has {len(errors)} {noun}:", file=sys.stderr)
     for line in errors:
         print(f"  {line}", file=sys.stderr)
+
+
+def _job_identity(cfg: DictConfig) -> dict[str, Any]:
+    """Where this job sits in a sweep, and the overrides that make it this job."""
+    hc = HydraConfig.get()
+    sweep_dir = None
+    if str(hc.mode) == "RunMode.MULTIRUN":
+        sweep_dir = str(Path(hc.sweep.dir).expanduser().resolve())
+    return {"job_num": hc.job.get("num"), "sweep_dir": sweep_dir, "overrides": list(hc.overrides.task),
+            "experiment": hc.runtime.choices.get("experiment"),
+            "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
+
+
+def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """`run_dir/job.json`, atomically (a killed job leaves the previous state, never half a file)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / JOB_FILE, record)
 
 
 def run_job(cfg: DictConfig) -> int:
@@ -40,7 +67,12 @@ def run_job(cfg: DictConfig) -> int:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
     started = time.perf_counter()
+    record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
+                              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              **_job_identity(cfg), "root": str(root), "outputs": []}
+    write_job_record(run_dir, record)
     outputs: list[Path] = []
+    failure: Optional[str] = "interrupted"
     try:
         for stage in stages_to_run(cfg.stage):
             log.info("stage %s: %s", stage.name, stage.help)
@@ -48,10 +80,17 @@ def run_job(cfg: DictConfig) -> int:
                 manifests = stage(cfg, ctx)
             except Eagle3Error as exc:
                 print(f"eagle3: {exc}", file=sys.stderr)
+                failure = f"{stage.name}: {exc}"
                 return EXIT_STAGE_ERROR
             outputs.extend(Path(m.dir) for m in manifests)
+            record["outputs"].extend({"stage": stage.name, "unit": m.name, "dir": str(m.dir)} for m in manifests)
+            write_job_record(run_dir, record)
+        failure = None
     finally:
         finish_job()  # one W&B run per job: closed here, also when a stage failed
+        record.update(status="failed" if failure else "complete", failure=failure,
+                      wall_s=round(time.perf_counter() - started, 3))
+        write_job_record(run_dir, record)
     log.info("done in %.1f s; artifacts under %s", time.perf_counter() - started, root)
     for out in outputs:
         log.info("  %s", out)
