@@ -58,18 +58,20 @@ def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 def run_job(cfg: DictConfig) -> int:
     """Run one Hydra job; returns the process exit code."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
+                              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              **_job_identity(cfg), "outputs": []}
     errors = validate_config(cfg, stage_names())
     if errors:
         report_config_errors(errors)
+        write_job_record(run_dir, {**record, "status": "failed", "failure": "config: " + "; ".join(errors)})
         return EXIT_CONFIG_ERROR
 
     root = Path(cfg.paths.root).expanduser().resolve()
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
     started = time.perf_counter()
-    record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
-                              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              **_job_identity(cfg), "root": str(root), "outputs": []}
+    record["root"] = str(root)
     write_job_record(run_dir, record)
     outputs: list[Path] = []
     failure: Optional[str] = "interrupted"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,18 @@ def test_multirun_sweep_runs_one_job_per_value(cli, tmp_path):
     # Nested: the 8-sample set is a prefix of the 16-sample set.
     small, large = (list(read_jsonl(m.dir / "data.jsonl")) for m in manifests)
     assert large[:8] == small
+
+
+@pytest.mark.slow
+def test_a_failed_sweep_job_does_not_stop_the_others_and_is_recorded(cli, tmp_path):
+    root = tmp_path / "artifacts"
+    result = cli("-m", "stage=demo_data", "dataset=demo_prompts",
+                 "dataset.sources.demo_prompts.num_samples=-1,8", root=root)
+    assert result.returncode == 1, result.stderr
+    assert "dataset.sources.demo_prompts.num_samples: -1 -- must be a positive number" in result.stderr
+    [sweep_dir] = list((root / "multirun").iterdir())
+    jobs = {p.parent.name[:1]: json.loads(p.read_text()) for p in sweep_dir.glob("*/job.json")}
+    assert jobs["0"]["status"] == "failed" and jobs["0"]["failure"].startswith("config: dataset.sources.demo_prompts")
+    assert jobs["1"]["status"] == "complete" and jobs["1"]["sweep_dir"] == str(sweep_dir.resolve())
+    [out] = jobs["1"]["outputs"]
+    assert out["stage"] == "demo_data" and Manifest.load(Path(out["dir"])).counts["in"] == 8

@@ -45,8 +45,8 @@ def _payloads(data: bytes):
 
 
 def read_run(path: Path) -> dict:
-    """History rows, summary and config keys of an offline run file."""
-    history, summary, config = [], {}, {}
+    """History rows, summary, config keys and group of an offline run file."""
+    history, summary, config, group = [], {}, {}, None
     for payload in _payloads(Path(path).read_bytes()):
         record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
@@ -55,7 +55,9 @@ def read_run(path: Path) -> dict:
             history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
         elif kind == "summary":
             summary.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.summary.update})
-        elif kind in ("config", "run"):
+        if kind == "run" and record.run.run_group:
+            group = record.run.run_group
+        if kind in ("config", "run"):
             updates = record.config.update if kind == "config" else record.run.config.update
             config.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in updates})
-    return {"history": history, "summary": summary, "config": config}
+    return {"history": history, "summary": summary, "config": config, "group": group}

@@ -350,6 +350,17 @@ class BenchConfig:
 
 
 @dataclass
+class ReportConfig:
+    """Stage report: the table and plots of a sweep, from its jobs' job.json files and manifests."""
+
+    # A sweep directory, or its name under ${paths.root}/multirun; null = the newest sweep there.
+    sweep_dir: Optional[str] = None
+    # x axis of the accept-length plot: null = data.scale (else the first varying override), an
+    # override key that varies across the sweep's jobs, or "job" (job numbers).
+    x: Optional[str] = None
+
+
+@dataclass
 class Eagle3Config:
     """The whole composed config; `stage` picks what `scripts/run.py` runs."""
 
@@ -369,6 +380,7 @@ class Eagle3Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     # Lightning logger, instantiated from its _target_; typed by the per-option schemas in
     # store.py (None = no logger).
     logger: Any = None

@@ -448,6 +448,23 @@ def _check_bench(cfg: DictConfig, err: _Errors) -> None:
                 "otherwise bench launches both servers", "[] or set server.urls to the speculative server")
 
 
+def _check_report(cfg: DictConfig, err: _Errors) -> None:
+    """stage=report: the sweep exists (or, with null, some sweep does); `report.x` varies in it."""
+    from eagle3.sweep_report import JOB_AXIS, SCALE_KEY, SweepNotFound, build_report, resolve_sweep_dir
+
+    try:
+        sweep = resolve_sweep_dir(cfg.report.sweep_dir, cfg.paths.root)
+    except SweepNotFound as exc:
+        err.add("report.sweep_dir", cfg.report.sweep_dir, exc.why, exc.valid)
+        return
+    x = cfg.report.x
+    if x is not None and x not in (SCALE_KEY, "data_scale", JOB_AXIS):
+        varying = build_report(sweep)["varying_overrides"]
+        if x not in varying:
+            err.add("report.x", x, f"not an override that varies across the jobs of {sweep}",
+                    ", ".join(["null", SCALE_KEY, JOB_AXIS, *[k for k in varying if k != SCALE_KEY]]))
+
+
 def _check_generate_http(http: DictConfig, err: _Errors) -> None:
     key = "generate.http"
     parts = list(http.partitions)
@@ -520,5 +537,7 @@ def validate_config(cfg: DictConfig, stages: Iterable[str]) -> list[str]:
                 f"{', '.join(HTTP_BACKENDS)} (e.g. server=sglang)")
     if cfg.stage == "bench":
         _check_bench(cfg, err)
+    if cfg.stage == "report":
+        _check_report(cfg, err)
     _check_stages(cfg, err)
     return err.lines

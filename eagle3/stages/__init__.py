@@ -3,7 +3,7 @@
 A stage is a plain callable `(cfg, ctx) -> list[Manifest]`: config and input manifests in,
 artifacts and one manifest per output unit out. `stage=all` runs CHAIN in order; a unit whose
 output is complete for the same inputs and config is skipped, so the chain is cheap to re-run.
-STANDALONE stages (`serve`, `bench`) run only when named.
+STANDALONE stages (`serve`, `bench`, `report`, `plan`) run only when named.
 
 Entries name their module instead of importing it: stages pull in torch, transformers and
 datasets, and a mistyped stage name or `--cfg job` should answer in a fraction of a second.
@@ -55,6 +55,8 @@ CHAIN: tuple[RegisteredStage, ...] = (
 STANDALONE: tuple[RegisteredStage, ...] = (
     RegisteredStage("serve", "eagle3.stages.serve:SERVE"),
     RegisteredStage("bench", "eagle3.stages.bench:BENCH"),
+    RegisteredStage("report", "eagle3.stages.report:REPORT"),
+    RegisteredStage("plan", "eagle3.stages.plan:PLAN"),
 )
 REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, *STANDALONE)}
 ALL = "all"

@@ -31,7 +31,18 @@ class StageContext:
 
 
 class MissingInput(Eagle3Error):
-    """A stage's input is not there yet; the message says which stage to run."""
+    """A stage's input is not there yet; the message says which stage to run.
+
+    Attributes:
+        stage: Name of the stage whose output is missing, when `require` raised it (None
+            otherwise), so `stage=plan` can say "after <stage>" without parsing the message.
+        unit: The unit of that stage.
+    """
+
+    def __init__(self, message: str, stage: Optional[str] = None, unit: Optional[str] = None):
+        super().__init__(message)
+        self.stage = stage
+        self.unit = unit
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ def require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> 
     if manifest is None:
         raise MissingInput(
             f"no complete {stage.name} output for {unit!r} (expected {where}); "
-            f"run stage={stage.name} first, or stage=all"
+            f"run stage={stage.name} first, or stage=all",
+            stage=stage.name, unit=unit,
         )
     return manifest

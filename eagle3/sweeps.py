@@ -1,0 +1,47 @@
+"""Hydra callbacks for sweeps.
+
+`ReportOnSweepEnd` writes the sweep report (`eagle3.sweep_report`: `sweep_report.{md,json}` and
+plots) into `hydra.sweep.dir` when a multirun ends -- files only, no experiment logger. Enable it
+in an experiment YAML (or on the command line with `+hydra.callbacks...`):
+
+    hydra:
+      callbacks:
+        sweep_report:
+          _target_: eagle3.sweeps.ReportOnSweepEnd
+
+`python scripts/run.py stage=report report.sweep_dir=<dir>` builds the same report later, and
+also logs it to W&B.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger("eagle3")
+
+
+class ReportOnSweepEnd(Callback):
+    """At the end of a multirun, write the sweep report into the sweep directory.
+
+    Args:
+        x: x axis of the τ plot (see `eagle3.sweep_report.build_report`); None = data scale.
+    """
+
+    def __init__(self, x: Optional[str] = None) -> None:
+        self.x = x
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from eagle3.sweep_report import write_sweep_report
+
+        try:
+            sweep = Path(str(config.hydra.sweep.dir)).expanduser()
+            _, files = write_sweep_report(sweep, x=self.x)
+        except Exception as exc:  # a report must never turn a finished sweep into a failed one
+            log.warning("sweep report not written: %s: %s", type(exc).__name__, exc)
+            return
+        log.info("sweep report: %s", files["md"])

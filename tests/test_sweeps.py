@@ -1,0 +1,109 @@
+"""Multirun sweeps end to end: the data-scale experiment at tiny scales, and the other launchers.
+
+The module shares one artifact root: the two-point `experiment=data_scale` sweep (basic launcher)
+runs the whole chain per job and ends with the sweep report (its Hydra callback); the
+submitit-local sweep then adds two merges on top of the same chain (jobs in their own processes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3.artifacts import Manifest
+from tests.conftest import run_cli
+from tests.wandb_records import read_run
+
+pytestmark = pytest.mark.slow
+
+# Tiny: 28 prompt-only demo conversations regenerated once, scales 8 and 16, one epoch each.
+TINY = ("dataset.sources.demo_prompts.num_samples=28", "data.eval_size=4", "generate.max_new_tokens=32",
+        "generate.batch_size=14", "train.max_epochs=1", "train.ttt_steps=2", "train.eval_every_n_epochs=1",
+        "eval.ks=[2]", "eval.num_prompts=2", "eval.max_new_tokens=16")
+SCALES = (8, 16)
+
+
+def _jobs(sweep_dir: Path) -> list[dict]:
+    jobs = [json.loads(p.read_text()) for p in sweep_dir.glob("*/job.json")]
+    return sorted(jobs, key=lambda job: job["job_num"])
+
+
+def _output(job: dict, stage: str) -> Manifest:
+    [entry] = [o for o in job["outputs"] if o["stage"] == stage]
+    return Manifest.load(Path(entry["dir"]))
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep") / "artifacts"
+    work = root.parent / "elsewhere"
+    work.mkdir()
+    done = run_cli(["-m", "experiment=data_scale", f"data.scale={','.join(map(str, SCALES))}", *TINY,
+                    f"paths.root={root}"], cwd=work)
+    assert done.returncode == 0, done.stderr[-4000:]
+    [sweep_dir] = list((root / "multirun").iterdir())
+    return root, sweep_dir
+
+
+def test_each_job_runs_the_chain_and_the_second_reuses_the_first_jobs_stored_samples(sweep):
+    root, sweep_dir = sweep
+    first, second = _jobs(sweep_dir)
+    assert [j["status"] for j in (first, second)] == ["complete", "complete"]
+    assert [j["data_scale"] for j in (first, second)] == list(SCALES)
+    assert {o["stage"] for o in second["outputs"]} >= {"generate", "merge", "vocab", "extract", "train", "eval"}
+    # Prep and generate are shared (nested scales over one regenerated set): the same unit.
+    for stage in ("prep", "generate"):
+        assert _output(first, stage).dir == _output(second, stage).dir
+    for stage in ("merge", "extract", "train", "eval"):
+        assert _output(first, stage).dir != _output(second, stage).dir
+    merged = [_output(j, "merge").extra for j in (first, second)]
+    assert [m["train_samples"] for m in merged] == list(SCALES)
+    one, two = (_output(j, "extract").extra for j in (first, second))
+    # Job 1 extracted its 8 train + 4 eval samples; job 2 reused all 12 and extracted only the 8 new ones.
+    assert one["samples_reused"] == 0 and one["samples_extracted"] == SCALES[0] + 4
+    assert two["samples_reused"] == SCALES[0] + 4 and two["samples_extracted"] == SCALES[1] - SCALES[0]
+
+
+def test_the_sweep_ends_with_a_report_of_both_jobs(sweep):
+    _, sweep_dir = sweep
+    report = json.loads((sweep_dir / "sweep_report.json").read_text())
+    rows = report["jobs"]
+    assert [row["data_scale"] for row in rows] == list(SCALES)
+    markdown = (sweep_dir / "sweep_report.md").read_text()
+    for job in _jobs(sweep_dir):
+        evaluated = json.loads((Path(_output(job, "eval").dir) / "eval_report.json").read_text())
+        [row] = [r for r in rows if r["job_num"] == job["job_num"]]
+        assert row["sim_accept_length"] == pytest.approx(evaluated["simulated"]["sim_accept_len"])
+        assert f"{row['sim_accept_length']:.3f}" in markdown
+    pngs = sorted(p.name for p in sweep_dir.glob("*.png"))
+    assert pngs and all((sweep_dir / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_one_wandb_run_per_job_in_the_sweeps_group_with_scale_and_tau(sweep):
+    root, sweep_dir = sweep
+    runs = sorted((root / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == len(SCALES), runs
+    records = [read_run(next(r.glob("run-*.wandb"))) for r in runs]
+    assert {r["group"] for r in records} == {sweep_dir.name}
+    assert sorted(r["config"]["data"]["scale"] for r in records) == list(SCALES)
+    for record in records:
+        assert record["summary"]["eval/sim_accept_len"] >= 1.0
+        assert record["summary"]["eval/real_accept_len_k2"] >= 1.0
+
+
+def test_submitit_local_runs_two_jobs_in_their_own_processes(sweep, tmp_path):
+    root, _ = sweep
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    done = run_cli(["-m", "hydra/launcher=submitit_local", "stage=merge", "experiment=data_scale", *TINY,
+                    "data.scale=10,12", f"paths.root={root}", "hydra.sweep.dir=" + str(tmp_path / "sub")],
+                   cwd=work)
+    assert done.returncode == 0, done.stderr[-4000:]
+    jobs = _jobs(tmp_path / "sub")
+    assert [j["status"] for j in jobs] == ["complete", "complete"]
+    assert [_output(j, "merge").extra["train_samples"] for j in jobs] == [10, 12]
+    # submitit's own records of the two jobs (one process each), beside Hydra's job dirs.
+    logs = list((tmp_path / "sub" / ".submitit").rglob("*_log.out"))
+    assert len(logs) == 2, logs
