@@ -325,9 +325,10 @@ def _x_axis(plotted: Sequence[dict[str, Any]], varying: Sequence[str], x: Option
         key = JOB_AXIS
     elif x not in (None, SCALE_KEY, "data_scale"):
         key = x
-    elif all(r["data_scale"] is not None for r in plotted):
+    elif all(r["data_scale"] is not None for r in plotted) and (
+            len({r["data_scale"] for r in plotted}) > 1 or not [k for k in varying if k != SCALE_KEY]):
         key = SCALE_KEY
-    else:  # no scale (data.scale null = every sample): the first varying override, numeric ones first
+    else:  # no scale, or one scale for all (another override varies): that override, numeric ones first
         candidates = [k for k in varying if k != SCALE_KEY]
         numeric = [k for k in candidates if _as_float(override(k)) is not None]
         key = (numeric or candidates or [JOB_AXIS])[0]
@@ -348,8 +349,8 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None) -> 
 
     Args:
         sweep_dir: A Hydra sweep directory.
-        x: x axis of the τ plot: None = data scale when every plotted job has one, else the first
-            varying override (numeric ones first); an override key; or "job" (job numbers).
+        x: x axis of the τ plot: None = data scale when every plotted job has one and it varies,
+            else the first varying override (numeric ones first); an override key; or "job".
     """
     sweep = Path(sweep_dir).expanduser().resolve()
     rows = [row for row in (_job_row(d) for d in job_dirs(sweep)) if row is not None]

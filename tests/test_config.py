@@ -213,3 +213,14 @@ def test_registry_entries_load_the_stage_they_name():
     for entry in CHAIN:
         stage = entry.load()
         assert stage.name == entry.name and stage.help
+
+
+def test_sweep_job_dirnames_stay_one_short_directory_name():
+    from eagle3.config.store import JOB_DIRNAME_MAX, job_dirname
+
+    assert job_dirname("data.scale=64") == "data.scale=64"
+    assert job_dirname("server.python=.vllm-venv/bin/python") == "server.python=.vllm-venv_bin_python"
+    long_a = ",".join(f"train.key{i}=value{i}" for i in range(20))
+    long_b = long_a.replace("value19", "value20")
+    a, b = job_dirname(long_a), job_dirname(long_b)
+    assert len(a.encode()) <= JOB_DIRNAME_MAX and a != b and a.startswith("train.key0=value0,")

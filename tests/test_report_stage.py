@@ -257,6 +257,16 @@ def test_x_axis_log2_at_4x_and_the_varying_override_without_scale(root):
     axis = build_report(sweep)["x_axis"]
     assert axis["key"] == "train.max_epochs" and axis["values"] == {"0": "2", "1": "8"} and axis["log2"]
     assert build_report(sweep, x="job")["x_axis"]["key"] == "job"  # not an override: job numbers
+    # One scale for every job while another override varies (foreign_vs_regenerated): that override.
+    same = make_sweep(root, "samescale", jobs)
+    for job_file in same.glob(f"*/{JOB_FILE}"):
+        record = json.loads(job_file.read_text())
+        track = "target_native" if record["job_num"] == 0 else "prompt_only"
+        record.update(data_scale=1024, overrides=["stage=all", "data.scale=1024", f"dataset.track={track}"])
+        atomic_write_json(job_file, record)
+    axis = build_report(same)["x_axis"]
+    assert axis["key"] == "dataset.track" and not axis["numeric"]
+    assert axis["values"] == {"0": "target_native", "1": "prompt_only"}
 
 
 def test_default_sweep_dir_is_the_newest_sweep(root):

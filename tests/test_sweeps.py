@@ -107,3 +107,29 @@ def test_submitit_local_runs_two_jobs_in_their_own_processes(sweep, tmp_path):
     # submitit's own records of the two jobs (one process each), beside Hydra's job dirs.
     logs = list((tmp_path / "sub" / ".submitit").rglob("*_log.out"))
     assert len(logs) == 2, logs
+
+
+def test_parallel_joblib_jobs_never_write_one_artifact_twice(tmp_path):
+    """Two jobs at once on a fresh root: both need the same prep/generate units and 12 of the same
+    stored samples. The unit locks make one job wait for the other's generate; the store slot's
+    writer lock makes the second extraction see the first's samples: every sample is stored once."""
+    root = tmp_path / "artifacts"
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    done = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=data_scale",
+                    f"data.scale={','.join(map(str, SCALES))}", *TINY, "logger=none",
+                    f"paths.root={root}"], cwd=work)
+    assert done.returncode == 0, done.stderr[-4000:]
+    [sweep_dir] = list((root / "multirun").iterdir())
+    jobs = _jobs(sweep_dir)
+    assert [j["status"] for j in jobs] == ["complete", "complete"]
+    assert len({_output(j, "generate").dir for j in jobs}) == 1
+    assert len(list((root / "generate").iterdir())) == 1  # one unit directory, written by one job
+    extracted = [_output(j, "extract").extra for j in jobs]
+    # 16 train + 4 eval distinct samples in all: extracted once between the two jobs, the rest reused.
+    assert sum(e["samples_extracted"] for e in extracted) == SCALES[1] + 4
+    assert sorted(e["samples_reused"] for e in extracted) == [0, SCALES[0] + 4]
+    [store] = [p for p in (root / "hidden_states").iterdir() if p.is_dir()]
+    keys = [key for index in (store / "index").glob("*.jsonl")
+            for line in index.read_text().splitlines() for key in json.loads(line)["samples"]]
+    assert len(keys) == len(set(keys)) == SCALES[1] + 4
