@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts.atomic import atomic_write_json
@@ -43,7 +44,7 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
     """Where this job sits in a sweep, and the overrides that make it this job."""
     hc = HydraConfig.get()
     sweep_dir = None
-    if str(hc.mode) == "RunMode.MULTIRUN":
+    if hc.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hc.sweep.dir).expanduser().resolve())
     return {"job_num": hc.job.get("num"), "sweep_dir": sweep_dir, "overrides": list(hc.overrides.task),
             "experiment": hc.runtime.choices.get("experiment"),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,22 @@ def cli(tmp_path):
         return run_cli([*args, *root_arg], cwd=workdir)
 
     return _run
+
+
+def kill_9_when(cmd: list[str], ready, cwd: Path, env: dict, timeout_s: float, poll_s: float = 0.02) -> None:
+    """Start `cmd`, and SIGKILL it as soon as `ready()` holds (it must still be running then).
+
+    The kill-and-rerun tests use it: a job killed mid-way must leave a resumable state.
+    """
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and not ready() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        assert proc.poll() is None, "the job finished (or died) before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

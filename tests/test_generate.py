@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,7 @@ from eagle3.stages import generate as generate_stage
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import RUN_PY, compose_config
+from tests.conftest import RUN_PY, compose_config, kill_9_when
 
 UNIT = "demo_prompts"
 
@@ -311,19 +309,8 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
     unit_dir = GENERATE.locate(cfg, StageContext(root=killed, run_dir=killed), UNIT)[0]
     partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
 
-    proc = subprocess.Popen(_cli(killed, "stage=generate"), cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and _lines(*partials) == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert proc.poll() is None, "generate finished (or died) before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_9_when(_cli(killed, "stage=generate"), lambda: _lines(*partials) > 0, cwd=tmp_path, env=env,
+                timeout_s=300)
     assert Manifest.load(unit_dir).status == "running"
     assert 0 < _lines(*partials) < N_CONVS
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -45,7 +43,7 @@ from eagle3.stages import StageContext, stage_names
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import RUN_PY, compose_config, run_cli
+from tests.conftest import RUN_PY, compose_config, kill_9_when, run_cli
 
 UNIT = "demo_prompts"
 N_CONVS = 60
@@ -336,18 +334,7 @@ def test_b_faults_lose_nothing_and_a_kill_9_rerun_equals_an_uninterrupted_run(tm
         unit_dir = GENERATE.locate(cfg, ctx, UNIT)[0]
         partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
         cli = [sys.executable, str(RUN_PY), *DATA, "stage=generate", *overrides, f"paths.root={killed}"]
-        proc = subprocess.Popen(cli, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 120
-            while proc.poll() is None and _lines(*partials) < 8 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert proc.poll() is None, "generate finished (or died) before it could be killed"
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        kill_9_when(cli, lambda: _lines(*partials) >= 8, cwd=tmp_path, env=env, timeout_s=120, poll_s=0.01)
         assert Manifest.load(unit_dir).status == "running"
         assert 0 < _lines(*partials) < N_CONVS
 

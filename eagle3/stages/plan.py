@@ -256,13 +256,10 @@ def _human(n: int) -> str:
 
 
 def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
-    experiment = None
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig
 
-        experiment = HydraConfig.get().runtime.choices.get("experiment")
-    except Exception:  # no Hydra context (library use, tests)
-        pass
+    # No Hydra context in library use and tests: no experiment to name.
+    experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
     m = cfg.model
     return {"experiment": experiment, "dataset": str(cfg.dataset.name), "model": str(m.name),
             "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
