@@ -1,7 +1,8 @@
 """Hydra callbacks for sweeps.
 
 `ReportOnSweepEnd` writes the sweep report (`eagle3.sweep_report`: `sweep_report.{md,json}` and
-plots) into `hydra.sweep.dir` when a multirun ends -- files only, no experiment logger. Enable it
+plots) into `hydra.sweep.dir` when a multirun ends -- files only, no experiment logger -- also
+when a job failed (Hydra then skips `on_multirun_end`; the report lists the failure). Enable it
 in an experiment YAML (or on the command line with `+hydra.callbacks...`):
 
     hydra:
@@ -15,6 +16,7 @@ also logs it to W&B.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from pathlib import Path
 from typing import Any, Optional
@@ -34,12 +36,28 @@ class ReportOnSweepEnd(Callback):
 
     def __init__(self, x: Optional[str] = None) -> None:
         self.x = x
+        self._pending: Optional[Path] = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A failed job makes the sweeper raise after the other jobs ran, and Hydra then exits
+        # without `on_multirun_end`: the exit hook writes the report in that case.
+        self._pending = Path(str(config.hydra.sweep.dir)).expanduser()
+        atexit.register(self._write_if_sweep_stopped)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._pending = None
+        self._write(Path(str(config.hydra.sweep.dir)).expanduser())
+
+    def _write_if_sweep_stopped(self) -> None:
+        sweep, self._pending = self._pending, None
+        if sweep is not None and sweep.is_dir():
+            log.info("the sweep stopped before its end (a job failed): writing its report")
+            self._write(sweep)
+
+    def _write(self, sweep: Path) -> None:
         from eagle3.sweep_report import write_sweep_report
 
         try:
-            sweep = Path(str(config.hydra.sweep.dir)).expanduser()
             _, files = write_sweep_report(sweep, x=self.x)
         except Exception as exc:  # a report must never turn a finished sweep into a failed one
             log.warning("sweep report not written: %s: %s", type(exc).__name__, exc)

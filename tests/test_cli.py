@@ -91,7 +91,8 @@ def test_multirun_sweep_runs_one_job_per_value(cli, tmp_path):
 def test_a_failed_sweep_job_does_not_stop_the_others_and_is_recorded(cli, tmp_path):
     root = tmp_path / "artifacts"
     result = cli("-m", "stage=demo_data", "dataset=demo_prompts",
-                 "dataset.sources.demo_prompts.num_samples=-1,8", root=root)
+                 "dataset.sources.demo_prompts.num_samples=-1,8",
+                 "+hydra.callbacks.sweep_report._target_=eagle3.sweeps.ReportOnSweepEnd", root=root)
     assert result.returncode == 1, result.stderr
     assert "dataset.sources.demo_prompts.num_samples: -1 -- must be a positive number" in result.stderr
     [sweep_dir] = list((root / "multirun").iterdir())
@@ -100,3 +101,7 @@ def test_a_failed_sweep_job_does_not_stop_the_others_and_is_recorded(cli, tmp_pa
     assert jobs["1"]["status"] == "complete" and jobs["1"]["sweep_dir"] == str(sweep_dir.resolve())
     [out] = jobs["1"]["outputs"]
     assert out["stage"] == "demo_data" and Manifest.load(Path(out["dir"])).counts["in"] == 8
+    # The end-of-sweep report is written though Hydra skips on_multirun_end after a failed job.
+    report = json.loads((sweep_dir / "sweep_report.json").read_text())
+    assert report["statuses"] == {"complete": 1, "failed": 1}
+    assert "failed: config: dataset.sources.demo_prompts.num_samples: -1" in (sweep_dir / "sweep_report.md").read_text()
