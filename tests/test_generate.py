@@ -341,3 +341,47 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
     [again] = GENERATE(cfg, ctx)
     assert (again.dir / CONVERSATIONS_FILE).read_bytes() == b"".join(clean_lines)
     assert again.counts == clean.counts and again.extra["this_run"]["batches_run"] >= 1
+
+
+FIXED_POOL = (f"dataset.sources.demo_prompts.data_files=[{Path(__file__).parent / 'fixtures' / 'demo_prompts_small.jsonl'}]",
+              "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4", "generate.max_new_tokens=24")
+
+
+def _generate_sample(root: Path, num_samples: int, *overrides: str, force: bool = False) -> Manifest:
+    """prep -> generate of `num_samples` prompts from the fixed 30-record ShareGPT fixture."""
+    cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, f"dataset.sources.demo_prompts.num_samples={num_samples}",
+                          f"paths.root={root}", *overrides])
+    PREP(cfg, StageContext(root=root, run_dir=root / "run"))
+    [manifest] = GENERATE(cfg, StageContext(root=root, run_dir=root / "run", force=force))
+    return manifest
+
+
+@pytest.mark.slow
+def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh_run(tmp_path):
+    # 8 prompts = 2 full batches of 4; prep's sample of 10 starts with those same 8 (key order).
+    small = _generate_sample(tmp_path / "grown", 8)
+    assert small.extra["this_run"]["batches_run"] == 2 and small.extra["reused_from"] == {}
+    grown = _generate_sample(tmp_path / "grown", 10)
+    assert grown.dir != small.dir
+    assert grown.extra["this_run"]["batches_reused"] == 2 and grown.extra["this_run"]["conversations_reused"] == 8
+    assert grown.extra["this_run"]["batches_run"] == 1 and grown.extra["this_run"]["conversations"] == 2
+    assert grown.extra["reused_from"] == {str(small.dir): 8}
+    # Exactly what a run that never saw the smaller sample writes: same files, same counts.
+    fresh = _generate_sample(tmp_path / "fresh", 10)
+    assert fresh.extra["this_run"]["batches_run"] == 3 and fresh.extra["reused_from"] == {}
+    assert fresh.dir.name == grown.dir.name  # reuse is not part of the fingerprint
+    for name in (CONVERSATIONS_FILE, "rejects.jsonl"):
+        assert (grown.dir / name).read_bytes() == (fresh.dir / name).read_bytes(), name
+    assert grown.counts == fresh.counts and grown.counts["in"] == 10
+    assert grown.extra["finish_reasons"] == fresh.extra["finish_reasons"]
+
+    # A smaller sample whose batches all ran before generates nothing; another sampling config
+    # (other answers) and reuse_earlier=false reuse nothing.
+    shrunk = _generate_sample(tmp_path / "grown", 4)
+    assert shrunk.extra["this_run"]["batches_run"] == 0 and shrunk.extra["this_run"]["batches_reused"] == 1
+    assert list(read_jsonl(shrunk.dir / CONVERSATIONS_FILE)) == list(read_jsonl(fresh.dir / CONVERSATIONS_FILE))[:4]
+    hotter = _generate_sample(tmp_path / "grown", 4, "generate.temperature=0.9")
+    assert hotter.extra["this_run"]["batches_run"] == 1 and hotter.extra["reused_from"] == {}
+    again = _generate_sample(tmp_path / "grown", 4, "generate.reuse_earlier=false", force=True)
+    assert again.dir == shrunk.dir and again.extra["this_run"]["batches_run"] == 1
+    assert again.extra["reused_from"] == {}

@@ -388,3 +388,36 @@ def test_c_several_endpoints_one_dead_share_the_load_and_match_one_endpoint(tmp_
     endpoints = multi.extra["this_run"]["client"]["endpoints"]
     assert endpoints["http://127.0.0.1:9"]["alive_at_start"] is False
     assert endpoints["http://127.0.0.1:9"]["ok"] == 0 and not multi.counts["rejected"]
+
+
+def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run(tmp_path):
+    fixture = Path(__file__).parent / "fixtures" / "demo_prompts_small.jsonl"  # a fixed pool of 30
+    server = MockChatServer(latency_s=0.01, tool_every=7, length_every=5).start()
+    try:
+        shared = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.data_files=[{fixture}]",
+                  "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4",
+                  "generate.length_policy=drop", "server=vllm", *FAST, "generate.http.inflight_batches=3",
+                  _urls(server.url))
+
+        def generate(root: Path, n: int) -> Manifest:
+            cfg = compose_config([*shared, f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}"])
+            ctx = StageContext(root=root, run_dir=root / "run")
+            PREP(cfg, ctx)
+            [manifest] = GENERATE(cfg, ctx)
+            return manifest
+
+        served = []
+        for root, n in (("grown", 12), ("grown", 30), ("fresh", 30)):
+            before = server.stats["ok"]
+            served.append((generate(tmp_path / root, n), server.stats["ok"] - before))
+    finally:
+        server.stop()
+    (small, served_small), (grown, served_growth), (fresh, served_fresh) = served
+    this_run = grown.extra["this_run"]
+    assert this_run["batches_reused"] == 3 and this_run["batches_run"] == 5
+    assert grown.extra["reused_from"] == {str(small.dir): 12}
+    assert small.counts["rejected"].get("length_cut"), "the reused batches hold rejects too"
+    assert 0 < served_growth == served_fresh - served_small  # no request for a reused conversation
+    for name in (CONVERSATIONS_FILE, "rejects.jsonl"):
+        assert (grown.dir / name).read_bytes() == (fresh.dir / name).read_bytes(), name
+    assert grown.counts == fresh.counts and grown.counts["in"] == 30

@@ -179,6 +179,9 @@ class GenerateConfig:
     max_user_turns: int = 8  # user turns answered per conversation
     # A response cut at max_new_tokens: keep it flagged (truncated=true) or drop the sample.
     length_policy: str = "keep_flagged"  # keep_flagged | drop
+    # Copy batches that an earlier generate output of the same source ran under the same config
+    # (a smaller num_samples: its sample is a prefix) instead of generating them again.
+    reuse_earlier: bool = True
     http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
 
 

@@ -9,7 +9,9 @@ Resume and determinism: batches are consecutive chunks of prep's output order
 turn, so a batch re-run after a kill reproduces itself exactly; already-written ids are not
 written again and fully done batches are skipped without running the model. Counters derived
 from the output files (not from this run's work) make a resumed run's manifest equal an
-uninterrupted one's.
+uninterrupted one's. For the same reason a batch that an earlier output of the same source ran
+under the same config (a smaller sample: prep's samples are nested) is copied from it, not run
+again (`eagle3.generation.reuse`, `generate.reuse_earlier`).
 
 Servers (`server=vllm|sglang`): with `server.urls=[...]` the stage talks to running servers;
 without, it launches the configured one for the stage's duration (`GenerateStage`). The HTTP
@@ -26,20 +28,20 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import itertools
 import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, progress, read_jsonl
 from eagle3.generation.backend import HTTP_BACKENDS, make_backend
 from eagle3.generation.regenerate import GenerateSettings, Outcome, regenerate_batch
+from eagle3.generation.reuse import EarlierGenerations, chunks
 from eagle3.stages.base import StageContext, UnitStage, require
 
 CONVERSATIONS_FILE = "conversations.jsonl"  # prep's output name, and ours (tokenize reads either)
@@ -48,6 +50,7 @@ PROMPT_ONLY = "prompt_only"
 # Keys of generate.http that change what a server generates (the rest is how the client asks).
 HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
 
+GENERATE_NAME = "generate"
 # Batches submitted but not yet written, per batch running at once (head-of-line slack).
 WRITE_WINDOW = 4
 
@@ -78,6 +81,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     # Endpoints, concurrency, timeouts and retries do not change what is generated: a resumed
     # run may use other ones. The request fields that do change it count for HTTP backends.
     http = generate.pop("http", None) or {}
+    generate.pop("reuse_earlier", None)  # reuse copies exactly what a fresh run would generate
     if cfg.server.backend in HTTP_BACKENDS:
         generate["request"] = {k: http.get(k) for k in HTTP_REQUEST_KEYS}
     return {
@@ -104,12 +108,6 @@ def settings_for(cfg: DictConfig, unit: str) -> GenerateSettings:
                             top_p=float(gen.top_p), max_user_turns=int(gen.max_user_turns),
                             length_policy=str(gen.length_policy),
                             thinking=bool(cfg.dataset.sources[unit].thinking), seed=int(cfg.data.seed))
-
-
-def _batches(records: Iterable[dict], size: int) -> Iterator[list[dict]]:
-    it = iter(records)
-    while batch := list(itertools.islice(it, size)):
-        yield batch
 
 
 def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
@@ -148,11 +146,13 @@ def _eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, total: Optional[int] = None) -> dict:
+def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, total: Optional[int] = None,
+                  earlier: Optional[EarlierGenerations] = None) -> dict:
     """Regenerate the prompt-only conversations of `source` into `out` (resumable).
 
     Separate from the stage wrapper so that a caller holding its own conversations file (a
-    test, a one-off job) runs exactly the code the stage runs.
+    test, a one-off job) runs exactly the code the stage runs. Batches that `earlier` outputs
+    already ran under the same config are copied from them instead of generated.
 
     Returns:
         The manifest `extra`: totals over the output and this run's throughput.
@@ -173,7 +173,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     executor = ThreadPoolExecutor(inflight, thread_name_prefix=f"generate-{unit}") if inflight > 1 else None
     window = WRITE_WINDOW * inflight
 
-    def write(n_batch: int, fresh: list[dict], outcomes: list[Outcome]) -> None:
+    def write(n_batch: int, fresh: list[dict], outcomes: list[Outcome], generated: bool = True) -> None:
         for outcome in outcomes:
             run["tokens"] += outcome.completion_tokens
             if out.is_done(outcome.id):
@@ -183,8 +183,9 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
             else:
                 out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
                            generation=outcome.generation)
-        run["batches_run"] += 1
-        run["conversations"] += len(fresh)
+        if generated:
+            run["batches_run"] += 1
+            run["conversations"] += len(fresh)
         run["progressed"] += n_batch
         bar.update(n_batch)
         seconds = time.perf_counter() - (first_run or started)
@@ -194,6 +195,10 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
         bar.set_postfix(postfix, refresh=False)
         if live is not None and time.perf_counter() - last_log >= log_every:
             log_progress(postfix)
+
+    def flush_head() -> None:
+        n_batch, done_fresh, future = pending.popleft()
+        write(n_batch, done_fresh, future.result(), generated=not getattr(future, "reused", False))
 
     def log_progress(postfix: dict[str, str]) -> None:
         """One line for logs of batch jobs, where the progress bar is off."""
@@ -206,7 +211,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
                  ", ".join(f"{k} {v}" for k, v in postfix.items()), eta)
 
     try:
-        for batch in _batches(read_jsonl(source), int(cfg.generate.batch_size)):
+        for batch in chunks(read_jsonl(source), int(cfg.generate.batch_size)):
             out.count_in(len(batch))
             fresh = []
             for record in batch:  # prep's ids are unique; a repeat would be written twice
@@ -220,21 +225,29 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
                 run["progressed"] += len(batch)
                 bar.update(len(batch))
                 continue
-            if first_run is None:
-                first_run = time.perf_counter()
-            if executor is None:
-                write(len(batch), fresh, regenerate_batch(backend, fresh, settings))
-                continue
-            pending.append((len(batch), fresh, executor.submit(regenerate_batch, backend, fresh, settings)))
+            reused = earlier.lookup(fresh) if earlier and len(fresh) == len(batch) else None
+            if reused is not None:
+                run["batches_reused"] += 1
+                run["conversations_reused"] += len(fresh)
+                if executor is None:
+                    write(len(batch), fresh, reused, generated=False)
+                    continue
+                # Queued behind the batches in flight, so the file keeps the sequential order.
+                pending.append((len(batch), fresh, _done(reused)))
+            else:
+                if first_run is None:
+                    first_run = time.perf_counter()
+                if executor is None:
+                    write(len(batch), fresh, regenerate_batch(backend, fresh, settings))
+                    continue
+                pending.append((len(batch), fresh, executor.submit(regenerate_batch, backend, fresh, settings)))
             # Write in batch order (the file order never depends on timing), as soon as the head
             # is done. Up to `window` batches are queued or finished-but-unwritten, so one slow
-            # batch at the head does not idle the other workers.
+            # batch at the head does not idle the other workers (nor holds many copied ones).
             while pending and (pending[0][2].done() or len(pending) >= window):
-                n_batch, done_fresh, future = pending.popleft()
-                write(n_batch, done_fresh, future.result())
+                flush_head()
         while pending:
-            n_batch, done_fresh, future = pending.popleft()
-            write(n_batch, done_fresh, future.result())
+            flush_head()
         if live is not None and run["batches_run"]:
             log_progress(live())
     finally:
@@ -251,6 +264,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     seconds = time.perf_counter() - first_run if first_run is not None else 0.0
     this_run = {
         "batches_run": run["batches_run"], "batches_skipped": run["batches_skipped"],
+        "batches_reused": run["batches_reused"], "conversations_reused": run["conversations_reused"],
         "conversations": run["conversations"], "tokens_generated": run["tokens"],
         "seconds": round(seconds, 3), "wall_s": round(time.perf_counter() - started, 3),
         "tokens_per_s": round(run["tokens"] / seconds, 2) if seconds else None,
@@ -261,6 +275,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
         this_run["client"] = backend.stats()
     return {
         "file": CONVERSATIONS_FILE,
+        "reused_from": dict(earlier.used) if earlier else {},
         "backend": backend.describe(),
         "thinking": settings.thinking,
         "finish_reasons": stats["finish"],
@@ -270,9 +285,26 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     }
 
 
+def _done(outcomes: list[Outcome]) -> Future:
+    """A finished future holding batch outcomes copied from an earlier output."""
+    future: Future = Future()
+    future.set_result(outcomes)
+    future.reused = True  # type: ignore[attr-defined]
+    return future
+
+
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     prep = _unit_inputs(cfg, ctx, unit)["conversations"]
-    return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, total=prep.counts.get("out"))
+    earlier = None
+    if cfg.generate.reuse_earlier:
+        earlier = EarlierGenerations(ctx.root / GENERATE_NAME, unit, out.config, exclude=out.dir,
+                                     input_name="conversations", file_name=CONVERSATIONS_FILE,
+                                     batch_size=int(cfg.generate.batch_size))
+        if earlier:
+            log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
+                     unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
+    return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, total=prep.counts.get("out"),
+                         earlier=earlier)
 
 
 @dataclass(frozen=True)
@@ -308,7 +340,7 @@ class GenerateStage(UnitStage):
 
 
 GENERATE = GenerateStage(
-    name="generate",
+    name=GENERATE_NAME,
     help="regenerate prompt-only conversations through the target (every assistant turn)",
     units=_units,
     unit_config=_unit_config,
