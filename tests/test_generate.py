@@ -357,7 +357,7 @@ def _generate_sample(root: Path, num_samples: int, *overrides: str, force: bool 
 
 
 @pytest.mark.slow
-def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh_run(tmp_path):
+def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh_run(tmp_path, monkeypatch):
     # 8 prompts = 2 full batches of 4; prep's sample of 10 starts with those same 8 (key order).
     small = _generate_sample(tmp_path / "grown", 8)
     assert small.extra["this_run"]["batches_run"] == 2 and small.extra["reused_from"] == {}
@@ -377,8 +377,11 @@ def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh
 
     # A smaller sample whose batches all ran before generates nothing; another sampling config
     # (other answers) and reuse_earlier=false reuse nothing.
-    shrunk = _generate_sample(tmp_path / "grown", 4)
+    with monkeypatch.context() as patch:  # nothing to generate: the target is not even loaded
+        patch.setattr(generate_stage, "make_backend", lambda cfg: pytest.fail("the target was loaded"))
+        shrunk = _generate_sample(tmp_path / "grown", 4)
     assert shrunk.extra["this_run"]["batches_run"] == 0 and shrunk.extra["this_run"]["batches_reused"] == 1
+    assert shrunk.extra["backend"]["loaded"] is False
     assert list(read_jsonl(shrunk.dir / CONVERSATIONS_FILE)) == list(read_jsonl(fresh.dir / CONVERSATIONS_FILE))[:4]
     hotter = _generate_sample(tmp_path / "grown", 4, "generate.temperature=0.9")
     assert hotter.extra["this_run"]["batches_run"] == 1 and hotter.extra["reused_from"] == {}

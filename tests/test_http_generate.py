@@ -399,8 +399,9 @@ def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run
                   "generate.length_policy=drop", "server=vllm", *FAST, "generate.http.inflight_batches=3",
                   _urls(server.url))
 
-        def generate(root: Path, n: int) -> Manifest:
-            cfg = compose_config([*shared, f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}"])
+        def generate(root: Path, n: int, *overrides: str) -> Manifest:
+            cfg = compose_config([*shared, f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}",
+                                  *overrides])
             ctx = StageContext(root=root, run_dir=root / "run")
             PREP(cfg, ctx)
             [manifest] = GENERATE(cfg, ctx)
@@ -410,6 +411,12 @@ def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run
         for root, n in (("grown", 12), ("grown", 30), ("fresh", 30)):
             before = server.stats["ok"]
             served.append((generate(tmp_path / root, n), server.stats["ok"] - before))
+        # All batches of a sample of 8 ran before: no server is launched (none could be: the
+        # test's interpreter has no vLLM) and none is asked.
+        before = server.stats["ok"]
+        shrunk = generate(tmp_path / "fresh", 8, "server.urls=[]")
+        assert server.stats["ok"] == before and shrunk.extra["backend"]["loaded"] is False
+        assert shrunk.extra["this_run"]["batches_reused"] == 2 and shrunk.counts["in"] == 8
     finally:
         server.stop()
     (small, served_small), (grown, served_growth), (fresh, served_fresh) = served

@@ -23,7 +23,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_COMPLETE, Manifest, read_jsonl
 from eagle3.generation.regenerate import Outcome
@@ -139,6 +139,21 @@ class EarlierGenerations:
     @property
     def dirs(self) -> list[Path]:
         return [e.dir for e in self._earlier]
+
+    def covers(self, source: Path, batch_size: int, done: Callable[[str], bool] = lambda rid: False) -> bool:
+        """Whether every batch of `source` is done already or held by an earlier output.
+
+        Then the stage needs no model at all (no server launch, no weights loaded).
+        """
+        for batch in chunks(read_jsonl(source), batch_size):
+            if all(done(str(r["id"])) for r in batch):
+                continue
+            ids = [str(r["id"]) for r in batch]
+            key = batch_key(batch)
+            if len(set(ids)) != len(ids) or not any(key in e.batches and all(i in e.offsets or i in e.rejects for i in ids)
+                       for e in self._earlier):
+                return False
+        return True
 
     def lookup(self, batch: Sequence[dict[str, Any]]) -> Optional[list[Outcome]]:
         """The outcomes of `batch` in an earlier output that ran this very batch, else None."""

@@ -159,7 +159,11 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     """
     settings = settings_for(cfg, unit)
     writer = out.records(CONVERSATIONS_FILE)
-    backend = make_backend(cfg)  # fails fast for a backend that cannot generate
+    batch_size = int(cfg.generate.batch_size)
+    if earlier and earlier.covers(source, batch_size, out.is_done):
+        backend: Any = _NoModel(cfg.server.backend)  # every batch is copied: load nothing
+    else:
+        backend = make_backend(cfg)  # fails fast for a backend that cannot generate
     inflight = inflight_batches(cfg, backend)
     live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
     log_every = float(cfg.generate.http.log_every_s)
@@ -211,7 +215,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
                  ", ".join(f"{k} {v}" for k, v in postfix.items()), eta)
 
     try:
-        for batch in chunks(read_jsonl(source), int(cfg.generate.batch_size)):
+        for batch in chunks(read_jsonl(source), batch_size):
             out.count_in(len(batch))
             fresh = []
             for record in batch:  # prep's ids are unique; a repeat would be written twice
@@ -285,6 +289,33 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, to
     }
 
 
+class _NoModel:
+    """The backend of a run whose every batch was done or copied: it is never asked anything."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "loaded": False, "why": "every batch was copied from an earlier output"}
+
+    def generate(self, requests, params):  # pragma: no cover - covers() guarantees no call
+        raise AssertionError("no model was loaded: every batch should have been copied")
+
+    def close(self) -> None:
+        pass
+
+
+def _earlier_outputs(cfg: DictConfig, ctx: StageContext, unit: str, out_dir: Path,
+                     config: dict[str, Any]) -> Optional[EarlierGenerations]:
+    """Earlier complete outputs of `unit` under `config` (None when reuse is off or there are none)."""
+    if not cfg.generate.reuse_earlier:
+        return None
+    earlier = EarlierGenerations(ctx.root / GENERATE_NAME, unit, config, exclude=out_dir,
+                                 input_name="conversations", file_name=CONVERSATIONS_FILE,
+                                 batch_size=int(cfg.generate.batch_size))
+    return earlier or None
+
+
 def _done(outcomes: list[Outcome]) -> Future:
     """A finished future holding batch outcomes copied from an earlier output."""
     future: Future = Future()
@@ -295,14 +326,10 @@ def _done(outcomes: list[Outcome]) -> Future:
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     prep = _unit_inputs(cfg, ctx, unit)["conversations"]
-    earlier = None
-    if cfg.generate.reuse_earlier:
-        earlier = EarlierGenerations(ctx.root / GENERATE_NAME, unit, out.config, exclude=out.dir,
-                                     input_name="conversations", file_name=CONVERSATIONS_FILE,
-                                     batch_size=int(cfg.generate.batch_size))
-        if earlier:
-            log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
-                     unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
+    earlier = _earlier_outputs(cfg, ctx, unit, out.dir, out.config)
+    if earlier:
+        log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
+                 unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
     return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, total=prep.counts.get("out"),
                          earlier=earlier)
 
@@ -334,9 +361,17 @@ class GenerateStage(UnitStage):
             return super().__call__(connected, ctx)
 
     def _has_work(self, cfg: DictConfig, ctx: StageContext) -> bool:
-        if ctx.force:
-            return bool(self.units(cfg))
-        return any(self.locate(cfg, ctx, unit)[1] is None for unit in self.units(cfg))
+        """Whether some unit needs the model: not complete, and not all copied from earlier outputs."""
+        for unit in self.units(cfg):
+            where, manifest = self.locate(cfg, ctx, unit)
+            if manifest is not None and not ctx.force:
+                continue
+            earlier = _earlier_outputs(cfg, ctx, unit, where, self.unit_config(cfg, unit))
+            prep = self.unit_inputs(cfg, ctx, unit)["conversations"]
+            if earlier is None or not earlier.covers(Path(prep.dir) / CONVERSATIONS_FILE,
+                                                     int(cfg.generate.batch_size)):
+                return True
+        return False
 
 
 GENERATE = GenerateStage(
