@@ -140,20 +140,24 @@ class EarlierGenerations:
     def dirs(self) -> list[Path]:
         return [e.dir for e in self._earlier]
 
+    def _held(self, batch: Sequence[dict[str, Any]]) -> bool:
+        ids = [str(r["id"]) for r in batch]
+        if len(set(ids)) != len(ids):
+            return False
+        key = batch_key(batch)
+        return any(key in e.batches and all(i in e.offsets or i in e.rejects for i in ids) for e in self._earlier)
+
     def covers(self, source: Path, batch_size: int, done: Callable[[str], bool] = lambda rid: False) -> bool:
         """Whether every batch of `source` is done already or held by an earlier output.
 
         Then the stage needs no model at all (no server launch, no weights loaded).
         """
-        for batch in chunks(read_jsonl(source), batch_size):
-            if all(done(str(r["id"])) for r in batch):
-                continue
-            ids = [str(r["id"]) for r in batch]
-            key = batch_key(batch)
-            if len(set(ids)) != len(ids) or not any(key in e.batches and all(i in e.offsets or i in e.rejects for i in ids)
-                       for e in self._earlier):
-                return False
-        return True
+        return all(all(done(str(r["id"])) for r in batch) or self._held(batch)
+                   for batch in chunks(read_jsonl(source), batch_size))
+
+    def copyable(self, source: Path, batch_size: int) -> int:
+        """How many conversations of `source` a run would copy rather than generate."""
+        return sum(len(batch) for batch in chunks(read_jsonl(source), batch_size) if self._held(batch))
 
     def lookup(self, batch: Sequence[dict[str, Any]]) -> Optional[list[Outcome]]:
         """The outcomes of `batch` in an earlier output that ran this very batch, else None."""

@@ -316,6 +316,19 @@ def _earlier_outputs(cfg: DictConfig, ctx: StageContext, unit: str, out_dir: Pat
     return earlier or None
 
 
+def copyable_conversations(cfg: DictConfig, ctx: StageContext, unit: str) -> int:
+    """Conversations of a unit not generated yet that a run would copy from earlier outputs.
+
+    For `stage=plan`; raises MissingInput while prep has not run (as `locate` does).
+    """
+    where, manifest = GENERATE.locate(cfg, ctx, unit)
+    earlier = None if manifest else _earlier_outputs(cfg, ctx, unit, where, _unit_config(cfg, unit))
+    if earlier is None:
+        return 0
+    prep = _unit_inputs(cfg, ctx, unit)["conversations"]
+    return earlier.copyable(Path(prep.dir) / CONVERSATIONS_FILE, int(cfg.generate.batch_size))
+
+
 def _done(outcomes: list[Outcome]) -> Future:
     """A finished future holding batch outcomes copied from an earlier output."""
     future: Future = Future()

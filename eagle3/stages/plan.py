@@ -145,7 +145,17 @@ class Planner:
         samples = (Figure(m.counts["out"], "actual") if m else planning.at_most(
             self.prep_samples[row.unit], "the prepped conversations (failed requests are rejected)"))
         self.gen_samples[row.unit] = row.figures["samples"] = samples
-        one, every = planning.generated_tokens(samples, int(gen.max_new_tokens), int(gen.max_user_turns))
+        to_generate, copied = samples, 0
+        if m is None and row.output is not None:  # prep is done: earlier outputs may hold batches
+            from eagle3.stages.generate import copyable_conversations
+
+            copied = copyable_conversations(self.cfg, self.ctx, row.unit)
+            if copied:
+                row.figures["copied_from_earlier"] = Figure(
+                    copied, "actual", "conversations whose batches earlier generate outputs ran under this config")
+                to_generate = planning.derive(samples.value - copied if samples.known else None, samples,
+                                              basis=samples.basis, note="prepped conversations not copied")
+        one, every = planning.generated_tokens(to_generate, int(gen.max_new_tokens), int(gen.max_user_turns))
         if m and "tokens_generated" in m.counts:
             one = every = Figure(m.counts["tokens_generated"], "actual", "tokens the target generated")
         row.figures["generated_tokens_one_turn"], row.figures["generated_tokens_max"] = one, every
@@ -158,7 +168,8 @@ class Planner:
         at_share = row.figures.get("generated_tokens_at_share")
         row.other = (f"generated {one.value:,}" if one.basis == "actual" else f"gen <= {one.value:,}/turn"
                      if one.known else "gen unknown (whole source)") + (
-            f"; ~{at_share.value:,}/turn at merge share" if at_share else "")
+            f"; ~{at_share.value:,}/turn at merge share" if at_share else "") + (
+            f"; {copied:,} copied from earlier outputs" if copied else "")
 
     def tokenize(self, row: UnitPlan, m: Optional[Manifest]) -> None:
         upstream = self.gen_samples if self.source(row.unit).track == "prompt_only" else self.prep_samples
