@@ -51,7 +51,7 @@ class ReportOnSweepEnd(Callback):
     def _write_if_sweep_stopped(self) -> None:
         sweep, self._pending = self._pending, None
         if sweep is not None and sweep.is_dir():
-            log.info("the sweep stopped before its end (a job failed): writing its report")
+            log.info("the sweep stopped before its end (a job failed, or it was interrupted): writing its report")
             self._write(sweep)
 
     def _write(self, sweep: Path) -> None:

@@ -343,14 +343,15 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
     assert again.counts == clean.counts and again.extra["this_run"]["batches_run"] >= 1
 
 
-FIXED_POOL = (f"dataset.sources.demo_prompts.data_files=[{Path(__file__).parent / 'fixtures' / 'demo_prompts_small.jsonl'}]",
-              "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4", "generate.max_new_tokens=24")
+POOL_FILE = Path(__file__).parent / "fixtures" / "demo_prompts_small.jsonl"  # 30 ShareGPT records
+FIXED_POOL = (f"dataset.sources.demo_prompts.data_files=[{POOL_FILE}]", "dataset.sources.demo_prompts.generator=null",
+              "generate.batch_size=4", "generate.max_new_tokens=24")
 
 
 def _generate_sample(root: Path, num_samples: int, *overrides: str, force: bool = False) -> Manifest:
     """prep -> generate of `num_samples` prompts from the fixed 30-record ShareGPT fixture."""
-    cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, f"dataset.sources.demo_prompts.num_samples={num_samples}",
-                          f"paths.root={root}", *overrides])
+    cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, f"paths.root={root}",
+                          f"dataset.sources.demo_prompts.num_samples={num_samples}", *overrides])
     PREP(cfg, StageContext(root=root, run_dir=root / "run"))
     [manifest] = GENERATE(cfg, StageContext(root=root, run_dir=root / "run", force=force))
     return manifest
