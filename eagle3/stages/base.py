@@ -92,6 +92,25 @@ class UnitStage:
         return manifests
 
 
+@dataclass(frozen=True)
+class StandaloneStage:
+    """A stage that runs only when named (`serve`, `report`, `plan`): no units, no manifest.
+
+    Attributes:
+        name: Stage name (`stage=<name>`).
+        help: One line for the registry listing and the log.
+        run: Does the work (prints, writes into the run directory, or holds a server).
+    """
+
+    name: str
+    help: str
+    run: Callable[[DictConfig, StageContext], Any]
+
+    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        self.run(cfg, ctx)
+        return []  # nothing for later stages to reuse
+
+
 def require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> Manifest:
     """The complete output of `stage` for `unit`, or a MissingInput naming what to run."""
     where, manifest = stage.locate(cfg, ctx, unit)

@@ -302,7 +302,7 @@ class _NoModel:
         raise AssertionError("no model was loaded: every batch should have been copied")
 
     def close(self) -> None:
-        pass
+        """Nothing was opened."""
 
 
 def _earlier_outputs(cfg: DictConfig, ctx: StageContext, unit: str, out_dir: Path,

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from eagle3 import planning
 from eagle3.artifacts import MANIFEST_NAME, STATUS_RUNNING, Manifest, atomic_write_json, atomic_write_text
 from eagle3.planning import Figure
-from eagle3.stages.base import MissingInput, StageContext
+from eagle3.stages.base import MissingInput, StageContext, StandaloneStage
 
 PLAN_JSON = "plan.json"
 PLAN_MD = "plan.md"
@@ -390,16 +390,8 @@ def plan(cfg: DictConfig, ctx: StageContext, out=None) -> dict[str, Any]:
     return data
 
 
-@dataclass(frozen=True)
-class PlanStage:
-    """A standalone stage: no units, no manifest, nothing to skip."""
-
-    name: str = "plan"
-    help: str = "print the chain's plan for this config: artifact dirs, status, samples, tokens, store bytes, disk"
-
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list:
-        plan(cfg, ctx)
-        return []
-
-
-PLAN = PlanStage()
+PLAN = StandaloneStage(
+    name="plan",
+    help="print the chain's plan for this config: artifact dirs, status, samples, tokens, store bytes, disk",
+    run=plan,
+)

@@ -15,13 +15,12 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from eagle3.stages.base import StageContext
+from eagle3.stages.base import StageContext, StandaloneStage
 
 log = logging.getLogger("eagle3")
 
@@ -70,15 +69,8 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     return []
 
 
-@dataclass(frozen=True)
-class ReportStage:
-    """A standalone stage: reads other jobs' outputs, writes no manifest."""
-
-    name: str = "report"
-    help: str = "tabulate and plot a sweep's jobs (τ vs data scale, reuse, training cost) from their job.json files"
-
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list:
-        return report(cfg, ctx)
-
-
-REPORT = ReportStage()
+REPORT = StandaloneStage(
+    name="report",
+    help="tabulate and plot a sweep's jobs (τ vs data scale, reuse, training cost) from their job.json files",
+    run=report,
+)

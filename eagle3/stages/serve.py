@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from omegaconf import DictConfig
 
-from eagle3.stages.base import MissingInput, StageContext, require
+from eagle3.stages.base import MissingInput, StageContext, StandaloneStage, require
 
 log = logging.getLogger("eagle3")
 
@@ -95,15 +94,8 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     return []
 
 
-@dataclass(frozen=True)
-class ServeStage:
-    """A standalone stage: no units, no manifest, nothing to skip."""
-
-    name: str = "serve"
-    help: str = "launch the configured SGLang/vLLM server (and draft) on 127.0.0.1 and hold it until Ctrl-C"
-
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list:
-        return serve(cfg, ctx)
-
-
-SERVE = ServeStage()
+SERVE = StandaloneStage(
+    name="serve",
+    help="launch the configured SGLang/vLLM server (and draft) on 127.0.0.1 and hold it until Ctrl-C",
+    run=serve,
+)
