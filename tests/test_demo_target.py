@@ -11,7 +11,7 @@ import torch
 import eagle3
 from eagle3.demo import conversations as convs
 from eagle3.demo import evaluation as ev
-from eagle3.demo import kimi_format as kf
+from eagle3.chat_formats import kimi as kf
 
 TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
 TEMPLATE = Path(eagle3.__file__).parent / "assets" / "chat_templates" / "kimi_k25.jinja"

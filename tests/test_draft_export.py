@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import eagle3.draft.export as export_mod
 from eagle3.artifacts.atomic import is_temp_name, temp_path_for
-from eagle3.config.validate import draft_kind
+from eagle3.serving.rules import draft_kind
 from eagle3.draft.export import (
     ARCHITECTURE,
     CONFIG_NAME,
@@ -167,15 +167,14 @@ def test_transformers_keeps_every_field_the_engines_read(tmp_path):
 
 
 def test_config_validator_recognises_an_export_as_eagle3(tmp_path):
-    from eagle3.config import validate_config
-    from eagle3.stages import stage_names
+    from eagle3.stages import check_config
     from tests.conftest import compose_config
 
     out = export_draft(make_draft(), tmp_path / "draft", "sglang")
     assert draft_kind(str(out)) == "eagle3"
     cfg = compose_config(["server=sglang", "server.speculative.algorithm=EAGLE",
                           f"server.speculative.draft_path={out}"])
-    errors = validate_config(cfg, stage_names())
+    errors = check_config(cfg)
     assert any("the draft is EAGLE-3" in e for e in errors)
 
 

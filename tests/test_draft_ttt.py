@@ -10,7 +10,8 @@ import torch
 from eagle3.draft.attention import DraftKVCache, apply_rope, rope_cos_sin, ttt_attention
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.ttt import simulated_accept_length, teacher_targets, ttt_forward
+from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.ttt import teacher_targets, ttt_forward
 
 
 def dense_ttt_attention(q, keys, values):
@@ -71,6 +72,10 @@ def test_rope_rotates_pairs_by_position():
     assert torch.allclose(out[0, 0, 1], torch.tensor([math.cos(3.0), 0.0, math.sin(3.0), 0.0]), atol=1e-6)
 
 
+# The train defaults of the schema, 3 steps.
+TTT3 = dict(steps=3, decay=0.8, out_of_vocab="mask", block_size=256)
+
+
 def tiny_geometry(**kw) -> DraftGeometry:
     base = dict(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4, intermediate_size=16,
                 fc_in_features=24, vocab_size=12, draft_vocab_size=5, capture_layers=(1, 2, 3), target_num_layers=5)
@@ -116,7 +121,8 @@ def test_loss_equals_hand_computed_kl_for_a_uniform_draft():
     teacher = Teacher(probs=p, argmax=teacher_argmax)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
-    out = ttt_forward(draft, torch.randn(1, 6, 24), ids, mask, torch.tensor([6]), teacher, steps=2, decay=0.5)
+    out = ttt_forward(draft, torch.randn(1, 6, 24), ids, mask, torch.tensor([6]), teacher, steps=2, decay=0.5,
+                      out_of_vocab="mask", block_size=256)
     kl = sum(x * math.log(x) for x in [0.5, 0.25, 0.125, 0.0625, 0.0625]) + math.log(5)  # 0.2435...
     assert out.step_loss.tolist() == pytest.approx([kl, kl], abs=1e-6)
     assert out.loss.item() == pytest.approx(kl + 0.5 * kl, abs=1e-6)
@@ -163,7 +169,8 @@ def test_ttt_forward_matches_token_by_token_reference():
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1]])
     aux, final = torch.randn(1, seq, 24), torch.randn(1, seq, 8)
     teacher = teacher_targets(final, head, draft.draft_ids())
-    fast = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, steps=4, decay=0.8, block_size=3)
+    fast = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, steps=4, decay=0.8,
+                       out_of_vocab="mask", block_size=3)
     ref = naive_ttt_loss(draft, aux, ids, mask, teacher, steps=4, decay=0.8)
     assert fast.loss.item() == pytest.approx(float(ref.detach()), abs=1e-5)
     g_fast = torch.autograd.grad(fast.loss, draft.fc.weight)[0]
@@ -178,10 +185,10 @@ def test_padding_does_not_change_a_samples_loss():
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
     aux, final = torch.randn(1, 7, 24), torch.randn(1, 7, 8)
     alone = ttt_forward(draft, aux, ids, mask, torch.tensor([7]),
-                        teacher_targets(final, head, draft.draft_ids()), steps=3)
+                        teacher_targets(final, head, draft.draft_ids()), **TTT3)
     pad = lambda x: torch.cat([x, torch.zeros(1, 4, *x.shape[2:], dtype=x.dtype)], dim=1)  # noqa: E731
     padded = ttt_forward(draft, pad(aux), pad(ids), pad(mask), torch.tensor([7]),
-                         teacher_targets(pad(final), head, draft.draft_ids()), steps=3)
+                         teacher_targets(pad(final), head, draft.draft_ids()), **TTT3)
     assert padded.loss.item() == pytest.approx(alone.loss.item(), abs=1e-6)
     assert padded.counted.tolist() == alone.counted.tolist()
 

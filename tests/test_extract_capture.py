@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 import eagle3
-from eagle3.extract import target as target_mod
 from eagle3.extract.capture import LayerCapture, capture_samples, pad_batch, plan_batches
-from eagle3.extract.target import find_decoder, load_target, target_identity
+from eagle3.extract.target import find_decoder, load_target
+from eagle3.target_info import FULL_HASH_LIMIT
+from eagle3.target_info import weights_identity as target_identity
 
 DEMO_TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
 
@@ -153,7 +154,7 @@ def test_load_target_dtype_remote_code_flag_and_identity(tmp_path, monkeypatch):
     assert target_identity(str(tmp_path / "t"), None, "float32")["weights"] != ident["weights"]
     assert target_identity("moonshotai/Kimi-K2.5", None, "bfloat16") == {
         "dtype": "bfloat16", "hub_id": "moonshotai/Kimi-K2.5", "revision": "main"}
-    assert target_mod.FULL_HASH_LIMIT == 1 << 30
+    assert FULL_HASH_LIMIT == 1 << 30
 
 
 def test_plan_batches_respects_the_budget_and_resumes_to_the_same_batches():

@@ -18,11 +18,10 @@ import torch
 import eagle3.extract.writer as writer_mod
 import eagle3.stages.extract as extract_stage
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
-from eagle3.config import validate_config
 from eagle3.extract.dataset import HiddenStateDataset
 from eagle3.extract.store import HiddenStateStore
 from eagle3.paths import PROJECT_ROOT
-from eagle3.stages import stage_names
+from eagle3.stages import check_config
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.stages.merge import MERGE
 from tests.conftest import compose_config
@@ -64,7 +63,7 @@ def overrides(target_dir, root, *extra):
 
 def config(target_dir, root, *extra):
     cfg = compose_config(overrides(target_dir, root, *extra))
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     return cfg
 
 

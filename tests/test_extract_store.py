@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.extract import formats
+from eagle3.extract import codec, formats
 from eagle3.extract.dataset import AlignmentError, HiddenStateDataset
 from eagle3.extract.preflight import DiskSpaceError, check_disk, estimate, plan_report
 from eagle3.extract.store import HiddenStateStore, StoreSpec, shard_of
@@ -36,7 +36,7 @@ def fake_states(n, seed=0):
 def sample(n, seed, fmt="bf16", vocab=100):
     aux, final = fake_states(n, seed)
     ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
-    return ids.tolist(), aux, final, formats.encode(aux, final, ids, fmt)
+    return ids.tolist(), aux, final, codec.encode(aux, final, ids, fmt)
 
 
 def test_bytes_per_token_kimi_and_demo():
@@ -52,21 +52,21 @@ def test_bytes_per_token_kimi_and_demo():
 def test_fp8_round_trip_is_within_its_measured_error_bound():
     aux, final = fake_states(500)
     ids = torch.arange(500)
-    enc = formats.encode(aux, final, ids, "fp8")
+    enc = codec.encode(aux, final, ids, "fp8")
     assert enc.tensors["aux"].dtype == torch.float8_e4m3fn and enc.tensors["aux_scale"].shape == (500, 3)
-    out_aux, out_final, out_ids = formats.decode(enc.tensors, "fp8")
+    out_aux, out_final, out_ids = codec.decode(enc.tensors, "fp8")
     assert torch.equal(out_ids, ids) and out_aux.dtype == torch.float32
     for x, y, bound in ((aux, out_aux, enc.rel_err_max[0]), (final, out_final, enc.rel_err_max[1])):
         per_block = ((x - y).reshape(500, -1, H).norm(dim=-1) / x.reshape(500, -1, H).norm(dim=-1))
         assert per_block.max().item() <= bound + 1e-7  # the recorded bound holds for every token
         assert 0.005 < bound < 2 ** -4  # e4m3: 3 mantissa bits
     assert 0.005 < enc.rel_err_sum[0] / 500 < 0.04  # mean per-token error, ~2-3%
-    bf16 = formats.encode(aux, final, ids, "bf16")
-    assert 0 < bf16.rel_err_max[0] < 2 ** -8 and formats.decode(bf16.tensors, "bf16")[0].dtype == torch.bfloat16
-    exact = formats.encode(aux, final, ids, "fp32")
-    assert exact.rel_err_max == (0.0, 0.0) and torch.equal(formats.decode(exact.tensors, "fp32")[0], aux)
-    zero = formats.encode(torch.zeros(2, 3 * H), torch.zeros(2, H), ids[:2], "fp8")
-    assert torch.equal(formats.decode(zero.tensors, "fp8")[0], torch.zeros(2, 3 * H))
+    bf16 = codec.encode(aux, final, ids, "bf16")
+    assert 0 < bf16.rel_err_max[0] < 2 ** -8 and codec.decode(bf16.tensors, "bf16")[0].dtype == torch.bfloat16
+    exact = codec.encode(aux, final, ids, "fp32")
+    assert exact.rel_err_max == (0.0, 0.0) and torch.equal(codec.decode(exact.tensors, "fp32")[0], aux)
+    zero = codec.encode(torch.zeros(2, 3 * H), torch.zeros(2, H), ids[:2], "fp8")
+    assert torch.equal(codec.decode(zero.tensors, "fp8")[0], torch.zeros(2, 3 * H))
 
 
 def test_content_keys_depend_on_tokens_target_capture_and_format():
@@ -168,7 +168,7 @@ def test_dataset_reads_aligned_samples_and_fails_loudly_on_mismatch(tmp_path):
     assert torch.allclose(item["aux"], rows[1][1], rtol=0.07, atol=1e-3)
     raw = HiddenStateDataset(store_dir, tmp_path / "train.jsonl", dequantize=False)[1]
     assert raw["aux"].dtype == torch.float8_e4m3fn and raw["aux_scale"].shape == (7, 3)
-    assert torch.equal(formats.dequantize_fp8(raw["aux"], raw["aux_scale"]), item["aux"])
+    assert torch.equal(codec.dequantize_fp8(raw["aux"], raw["aux_scale"]), item["aux"])
     loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=1)
     assert [it["id"] for it in loader] == ["r0", "r1", "r2"]  # workers reopen their own handles
 
@@ -180,7 +180,7 @@ def test_dataset_reads_aligned_samples_and_fails_loudly_on_mismatch(tmp_path):
     # A store entry whose stored ids differ from the tokens it is keyed by (corruption, or a
     # writer bug): the key matches the record, the content does not -> loud, never silent.
     ids, _, _, enc = rows[0]
-    liar = formats.Encoded({**enc.tensors, "ids": enc.tensors["ids"].flip(0)}, enc.rel_err_max, enc.rel_err_sum)
+    liar = codec.Encoded({**enc.tensors, "ids": enc.tensors["ids"].flip(0)}, enc.rel_err_max, enc.rel_err_sum)
     bad_dir = tmp_path / "bad"
     with StoreWriter(bad_dir, spec, "s0-of-1") as writer:
         writer.write_shard({spec.key(ids): (liar, len(ids))})

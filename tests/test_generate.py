@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
-from eagle3.demo.kimi_format import GENERATION_PROMPT, IM_END, TOOL_CALL_ARG, TOOL_CALL_BEGIN, \
+from eagle3.chat_formats.kimi import GENERATION_PROMPT, IM_END, TOOL_CALL_ARG, TOOL_CALL_BEGIN, \
     TOOL_CALL_END, TOOL_CALLS_BEGIN, TOOL_CALLS_END
 from eagle3.generation import BackendUnavailable, GenerationResult, make_backend
 from eagle3.generation.hf_backend import to_message
+from eagle3.generation import pipeline
 from eagle3.generation.regenerate import GenerateSettings, batch_seed, regenerate_batch, split_turns
 from eagle3.stages import CHAIN, StageContext
 from eagle3.stages import generate as generate_stage
@@ -146,13 +147,13 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
     source = tmp_path / "in.jsonl"
     lines = [json.dumps(_conv(c, len(t))) + "\n" for c, t in script.items()]
     source.write_text("".join([lines[0], *lines]))  # c0 twice, in one batch: counted, not rewritten
-    monkeypatch.setattr(generate_stage, "make_backend", lambda cfg: ScriptedBackend(script))
+    monkeypatch.setattr(pipeline, "make_backend", lambda cfg: ScriptedBackend(script))
     counts = {}
     for policy in ("keep_flagged", "drop"):
         cfg = compose_config(["dataset=demo_prompts", f"generate.length_policy={policy}", "generate.batch_size=2"])
         out = StageOutput.open(tmp_path / "root", "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
         with out:
-            manifest = out.finalize(extra=generate_stage.generate_file(cfg, UNIT, source, out))
+            manifest = out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out, CONVERSATIONS_FILE))
         counts[policy] = manifest.counts
         assert manifest.extra["finish_reasons"] == {"length": 2, "stop": 4, "tool_calls": 1}
     assert counts["keep_flagged"]["in"] == counts["drop"]["in"] == 6
@@ -363,7 +364,7 @@ def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh
     small = _generate_sample(tmp_path / "grown", 8)
     assert small.extra["this_run"]["batches_run"] == 2 and small.extra["reused_from"] == {}
     # stage=plan, before the grown run: 8 of its 10 conversations would be copied.
-    from eagle3.stages.plan import build_plan
+    from eagle3.planning.chain import build_plan
 
     cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, "dataset.sources.demo_prompts.num_samples=10",
                           f"paths.root={tmp_path / 'grown'}"])
@@ -391,7 +392,7 @@ def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh
     # A smaller sample whose batches all ran before generates nothing; another sampling config
     # (other answers) and reuse_earlier=false reuse nothing.
     with monkeypatch.context() as patch:  # nothing to generate: the target is not even loaded
-        patch.setattr(generate_stage, "make_backend", lambda cfg: pytest.fail("the target was loaded"))
+        patch.setattr(pipeline, "make_backend", lambda cfg: pytest.fail("the target was loaded"))
         shrunk = _generate_sample(tmp_path / "grown", 4)
     assert shrunk.extra["this_run"]["batches_run"] == 0 and shrunk.extra["this_run"]["batches_reused"] == 1
     assert shrunk.extra["backend"]["loaded"] is False

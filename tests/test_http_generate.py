@@ -15,6 +15,7 @@ random port that answers like vLLM/SGLang with their reasoning and tool-call par
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -26,24 +27,24 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.config import validate_config
 from eagle3.generation import BackendUnavailable, GenerationRequest, SamplingParams, make_backend
-from eagle3.generation.http_backend import HTTPBackend, HTTPSettings, Partition, backoff_delay
-from eagle3.generation.mock_server import TOO_LONG_MARKER, FaultPlan, MockChatServer, request_key
+from eagle3.generation.http_backend import HTTPBackend, backoff_delay
+from eagle3.generation.http_settings import HTTPSettings, Partition
 from eagle3.generation.openai_chat import (
     BadResponse,
     build_body,
     chat_url,
     is_context_error,
-    models_url,
     request_seed,
     to_result,
 )
-from eagle3.stages import StageContext, stage_names
+from eagle3.serving.http import models_url
+from eagle3.stages import StageContext, check_config
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
 from tests.conftest import RUN_PY, compose_config, kill_9_when, run_cli
+from tests.mock_openai_server import TOO_LONG_MARKER, FaultPlan, MockChatServer, request_key
 
 UNIT = "demo_prompts"
 N_CONVS = 60
@@ -59,9 +60,8 @@ def _urls(*urls: str) -> str:
 
 
 def _settings(*urls: str, **kw) -> HTTPSettings:
-    base = dict(urls=tuple(urls), request_timeout_s=5.0, backoff_s=0.01, max_backoff_s=0.05, max_attempts=4,
-                connect_wait_s=5.0)
-    return HTTPSettings(**{**base, **kw})
+    fast = dict(request_timeout_s=5.0, backoff_s=0.01, max_backoff_s=0.05, max_attempts=4, connect_wait_s=5.0)
+    return dataclasses.replace(HTTPSettings.defaults(urls), **{**fast, **kw})
 
 
 def _requests(n: int, prefix: str = "c", thinking: bool = True, size: int = 1) -> list[GenerationRequest]:
@@ -144,11 +144,11 @@ def test_config_validation_of_the_client_keys():
                           "generate.http.partitions=[{max_context:100,concurrency:0},{max_context:100,concurrency:2}]",
                           "generate.http.endpoint_strategy=random", "generate.http.max_attempts=0",
                           "generate.http.thinking_keys=[]", "+generate.http.extra_body.seed=3"])
-    errors = "\n".join(validate_config(cfg, stage_names()))
+    errors = "\n".join(check_config(cfg))
     for key in ("partitions[0].concurrency", "generate.http.partitions:", "endpoint_strategy", "max_attempts",
                 "thinking_keys", "extra_body.seed"):
         assert key in errors, (key, errors)
-    assert validate_config(compose_config(["server=sglang", _urls("http://127.0.0.1:1")]), stage_names()) == []
+    assert check_config(compose_config(["server=sglang", _urls("http://127.0.0.1:1")])) == []
 
 
 # ----------------------------------------------------------------------------- the client
@@ -180,7 +180,7 @@ def test_retries_through_drops_5xx_429_and_stalls_and_reports_what_still_fails()
 
 def _key(server: MockChatServer, request: GenerationRequest) -> str:
     """The mock server's key of a request as the client sends it (default settings)."""
-    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=HTTPSettings(urls=()).thinking_keys))
+    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=HTTPSettings.defaults(()).thinking_keys))
 
 
 def test_partitions_cap_concurrency_by_prompt_length():

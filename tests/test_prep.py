@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.config import validate_config
 from eagle3.config.schema import DatasetSourceConfig
 from eagle3.data.selection import sampling_key
-from eagle3.stages import StageContext, stage_names
+from eagle3.stages import StageContext, check_config
 from eagle3.stages.prep import PREP
 from tests.conftest import compose_config
 
@@ -22,7 +21,7 @@ def make_cfg(tmp_path: Path, overrides: tuple[str, ...] = (), **sources: dict):
     """The composed root config with `sources` as the dataset (each a DatasetSourceConfig's fields)."""
     cfg = compose_config([f"paths.root={tmp_path / 'art'}", *overrides])
     cfg.dataset.sources = {name: DatasetSourceConfig(**spec) for name, spec in sources.items()}
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     return cfg
 
 
@@ -261,12 +260,12 @@ def test_unknown_column_and_file_type_are_config_errors(tmp_path):
     bad_file = tmp_path / "data.csv"
     bad_file.write_text("a,b\n")
     cfg = compose_config(["dataset=opencodeinstruct", "+dataset.sources.opencodeinstruct.columns.answer=output"])
-    assert validate_config(cfg, stage_names()) == [
+    assert check_config(cfg) == [
         "dataset.sources.opencodeinstruct.columns.answer: 'output' -- not a column key of schema "
         "opencodeinstruct; valid: id, prompt, response"]
     cfg = compose_config(["dataset=sharegpt", "dataset.sources.sharegpt.hub_id=null",
                           f"dataset.sources.sharegpt.data_files=[{bad_file}]"])
-    [error] = validate_config(cfg, stage_names())
+    [error] = check_config(cfg)
     assert error.startswith("dataset.sources.sharegpt.data_files: ") and "unsupported file type" in error
 
 

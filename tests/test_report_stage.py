@@ -17,11 +17,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.cli import JOB_FILE
-from eagle3.config import validate_config
-from eagle3.stages import StageContext, stage_names, stages_to_run
-from eagle3.sweep_report import (PLOT_FILES, REPORT_FILES, build_report, render_markdown, resolve_sweep_dir, table,
-                                 write_sweep_report)
+from eagle3.stages import StageContext, check_config, stage_names, stages_to_run
+from eagle3.reports.sweep import PLOT_FILES, REPORT_FILES, render_markdown, table
+from eagle3.sweeps.collect import build_report, resolve_sweep_dir
+from eagle3.sweeps.collect import report_sweep as write_sweep_report
+from eagle3.sweeps.jobs import JOB_FILE
 from tests.conftest import compose_config, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -294,7 +294,7 @@ def test_stage_writes_into_newest_sweep_and_run_dir_and_logs_rows_to_the_sweeps_
     os.utime(older / "multirun.yaml", (1_000_000_000, 1_000_000_000))
     sweep = make_sweep(root)
     cfg = compose_config(["stage=report", f"paths.root={root}", "logger=wandb"])
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     [stage] = stages_to_run("report")
     run_dir = tmp_path / "runs" / "2026-01-03_00-00-00_report"
     try:
@@ -336,19 +336,17 @@ def test_bad_sweep_dir_is_one_line_error_with_exit_code_2(sweep, root, tmp_path)
 
 
 def test_validation_without_any_sweep_and_with_a_bad_x(root, sweep, tmp_path):
-    errors = validate_config(compose_config(["stage=report", f"paths.root={tmp_path / 'empty'}"]), stage_names())
+    errors = check_config(compose_config(["stage=report", f"paths.root={tmp_path / 'empty'}"]))
     assert len(errors) == 1 and errors[0].startswith("report.sweep_dir: null -- null means the newest sweep")
-    errors = validate_config(compose_config(["stage=report", f"paths.root={root}", "report.x=train.lr"]),
-                             stage_names())
+    errors = check_config(compose_config(["stage=report", f"paths.root={root}", "report.x=train.lr"]))
     assert errors == [f"report.x: 'train.lr' -- not an override that varies across the jobs of {sweep.resolve()}; "
                       "valid: null, data.scale, job"]
     empty = root / "multirun" / "empty"
     empty.mkdir()
-    errors = validate_config(compose_config(["stage=report", f"paths.root={root}", f"report.sweep_dir={empty}"]),
-                             stage_names())
+    errors = check_config(compose_config(["stage=report", f"paths.root={root}", f"report.sweep_dir={empty}"]))
     assert len(errors) == 1 and "holds no job directories" in errors[0] and SWEEP in errors[0]
     # Other stages ignore report.*.
-    assert validate_config(compose_config(["stage=merge", f"paths.root={tmp_path / 'empty'}"]), stage_names()) == []
+    assert check_config(compose_config(["stage=merge", f"paths.root={tmp_path / 'empty'}"])) == []
 
 
 def test_callback_writes_the_report_at_the_end_of_a_multirun(sweep, tmp_path):

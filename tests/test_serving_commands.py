@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config import validate_config
-from eagle3.config.validate import speculative_algorithm_error
+from eagle3.serving.rules import speculative_algorithm_error
 from eagle3.draft.export import capture_layers_of, export_draft, validate_export
-from eagle3.draft.geometry import DraftGeometry, geometry_from_target, target_text_config
+from eagle3.draft.geometry import DraftGeometry, geometry_from_target
+from eagle3.target_info import read_config as target_text_config
 from eagle3.draft.model import Eagle3Draft
 from eagle3.paths import asset_path
 from eagle3.serving import ServerConfigError, build_command, sglang_command
-from eagle3.stages import stage_names
+from eagle3.stages import check_config
 from tests.conftest import compose_config
 
 KIMI = ["model=kimi_k25"]
@@ -72,7 +72,7 @@ def kimi_spec(draft: Path) -> list[str]:
 
 def command_for(overrides: list[str]):
     cfg = compose_config(overrides)
-    assert validate_config(cfg, stage_names()) == []
+    assert check_config(cfg) == []
     return build_command(cfg)
 
 
@@ -212,7 +212,7 @@ def test_eagle_with_an_eagle3_draft_is_refused_with_the_validator_line(drafts):
     assert line.startswith("server.speculative.algorithm: 'EAGLE' -- the draft is EAGLE-3") and "\n" not in line
     assert line.endswith("valid: EAGLE3")
     assert build_errors(overrides) == [line]
-    assert line in validate_config(compose_config(overrides), stage_names())  # one rule, two callers
+    assert line in check_config(compose_config(overrides))  # one rule, two callers
 
 
 def test_eagle_guard_reads_the_actual_draft_directory(drafts, tmp_path):
@@ -307,7 +307,7 @@ def test_vllm_cpu_bare_interpreter_not_on_path(drafts, monkeypatch):
 
 
 def errors_for(overrides: list[str]) -> list[str]:
-    return validate_config(compose_config(overrides), stage_names())
+    return check_config(compose_config(overrides))
 
 
 def test_launcher_config_rules():

@@ -17,9 +17,10 @@ import torch
 
 from eagle3.demo.corpus import DEMO_TARGET_PATH
 from eagle3.demo.datasets import demo_prompts_records
-from eagle3.draft.geometry import geometry_from_target, target_text_config
+from eagle3.draft.geometry import geometry_from_target
+from eagle3.target_info import read_config as target_text_config
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.report import write_eval_report
+from eagle3.reports.eval import write_eval_report
 from eagle3.draft.speculative import (
     Eagle3Drafter,
     evaluate_speculative,

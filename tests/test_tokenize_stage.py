@@ -22,7 +22,9 @@ from eagle3.paths import asset_path
 from eagle3.stages import StageContext
 from eagle3.stages.merge import MERGE
 from eagle3.stages.prep import PREP
-from eagle3.stages.tokenize import TOKENIZE, TOKENIZED_FILE, TokenizerSpec, tokenize_unit
+from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
+from eagle3.stages.prep import CONVERSATIONS_FILE
+from eagle3.stages.tokenize import TOKENIZE, TOKENIZED_FILE
 from tests.conftest import RUN_PY, compose_config
 
 TOKENIZER_DIR = asset_path("demo_target")
@@ -50,7 +52,8 @@ def upstream(root: Path, convs: list[dict]) -> Manifest:
 def run_tokenize(root: Path, up: Manifest, settings: RenderSettings, workers: int = 1, chunk: int = 8) -> Manifest:
     out = StageOutput.open(root, "tokenize", UNIT, {"settings": repr(settings)}, inputs={"conversations": up})
     with out:
-        extra = tokenize_unit(out, up, UNIT, settings, TokenizerSpec(str(TOKENIZER_DIR)), workers, chunk)
+        extra = tokenize_unit(out, up.dir / CONVERSATIONS_FILE, up.counts["out"], UNIT, settings,
+                              TokenizerSpec(str(TOKENIZER_DIR)), workers, chunk, TOKENIZED_FILE)
         return out.finalize(extra=extra)
 
 
@@ -72,7 +75,7 @@ def test_bad_input_is_rejected_and_the_job_goes_on(tmp_path):
     convs[7:7] = [bad_tool]
     convs[20:20] = [prompt_only]
     up = upstream(tmp_path, convs)
-    manifest = run_tokenize(tmp_path, up, RenderSettings(template=strict, max_len=4096), workers=2, chunk=4)
+    manifest = run_tokenize(tmp_path, up, RenderSettings(template=strict, thinking=True, max_len=4096, overlength="truncate"), workers=2, chunk=4)
 
     counts = manifest.counts
     assert counts["in"] == 32 and counts["out"] == 30
@@ -93,7 +96,7 @@ def test_bad_input_is_rejected_and_the_job_goes_on(tmp_path):
 def test_over_length_policies_are_counted(tmp_path):
     convs = demo_conversations(40)
     up = upstream(tmp_path / "up", convs)
-    full = run_tokenize(tmp_path / "full", up, RenderSettings(template=TRAINING_TEMPLATE.read_text(), max_len=10**6))
+    full = run_tokenize(tmp_path / "full", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, 10**6, "truncate"))
     lengths = {r["id"]: r["seq_len"] for r in read_jsonl(full.dir / TOKENIZED_FILE)}
     limit = sorted(lengths.values())[-8]  # 7 conversations are longer than this
     n_long = sum(v > limit for v in lengths.values())

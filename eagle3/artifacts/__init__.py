@@ -13,6 +13,7 @@ from eagle3.artifacts.atomic import (
     file_sha256,
     is_temp_name,
 )
+from eagle3.artifacts.console import log_summary, progress
 from eagle3.artifacts.fingerprint import canonical_json, fingerprint, to_plain
 from eagle3.artifacts.manifest import (
     MANIFEST_NAME,
@@ -24,7 +25,11 @@ from eagle3.artifacts.manifest import (
     format_duration,
 )
 from eagle3.artifacts.records import JsonlError, RecordWriter, RejectWriter, read_jsonl
-from eagle3.artifacts.stage_output import REJECTS_NAME, STAGE_FORMAT_VERSION, StageOutput, log_summary, progress
+from eagle3.artifacts.stage_output import (
+    REJECTS_NAME,
+    STAGE_FORMAT_VERSION,
+    StageOutput,
+)
 
 __all__ = [
     "MANIFEST_NAME",

@@ -89,21 +89,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         path: Destination; its parent directory must exist.
         data: The full new content.
     """
-    path = Path(path)
-    tmp = temp_path_for(path)
-    # O_EXCL: never write through a file someone else created under our temp name.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+    with atomic_path(path) as tmp:
+        # "x" (O_EXCL): never write through a file someone else created under our temp name.
+        with open(tmp, "xb") as fh:
             fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:

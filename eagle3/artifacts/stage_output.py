@@ -25,19 +25,18 @@ Typical use in a stage::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
 import shutil
-import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Mapping
 
 from eagle3.artifacts.atomic import file_sha256, is_temp_name
-from eagle3.artifacts.fingerprint import fingerprint, to_plain
+from eagle3.artifacts.fingerprint import to_plain
+from eagle3.artifacts.identity import output_identity
+from eagle3.artifacts.locks import exclusive_lock
 from eagle3.artifacts.manifest import (
     MANIFEST_NAME,
     STATUS_COMPLETE,
@@ -47,12 +46,7 @@ from eagle3.artifacts.manifest import (
 )
 from eagle3.artifacts.records import PARTIAL_SUFFIX, RecordWriter, RejectWriter
 
-try:  # POSIX advisory locks; elsewhere concurrent runs of one unit are not guarded.
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
-
-__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput", "log_summary", "progress"]
+__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput"]
 
 logger = logging.getLogger("eagle3")
 
@@ -62,29 +56,6 @@ REJECTS_NAME = "rejects.jsonl"
 #: Folder under the artifact root holding one advisory lock file per unit directory.
 LOCKS_DIR = ".locks"
 _RESERVED = {MANIFEST_NAME, REJECTS_NAME}
-_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,\-]*$")
-T = TypeVar("T")
-
-
-def _check_component(kind: str, value: str) -> str:
-    # These become directory names, and force=True deletes such a directory: refuse
-    # anything that could escape the stage folder or hide as a dotfile.
-    if not isinstance(value, str) or not _COMPONENT.match(value) or len(value) > 150:
-        raise ValueError(
-            f"{kind} {value!r} is not a safe directory name: use letters, digits and _.+=@,- "
-            "(not starting with '.' or '-', at most 150 characters)"
-        )
-    return value
-
-
-def _resolve_input(key: str, value: Manifest | str | os.PathLike[str]) -> dict[str, Any]:
-    manifest = value if isinstance(value, Manifest) else Manifest.load(Path(value))
-    if manifest.status != STATUS_COMPLETE:
-        where = manifest.dir if manifest.dir is not None else f"{manifest.stage}/{manifest.name}"
-        raise ValueError(
-            f"input {key!r} ({where}) is not complete (status={manifest.status!r}); run its stage first"
-        )
-    return {"path": str(manifest.dir) if manifest.dir is not None else None, "fingerprint": manifest.fingerprint}
 
 
 def _stale_files(directory: Path) -> list[Path]:
@@ -128,7 +99,7 @@ class StageOutput:
         self.dir = root / stage / f"{name}-{fp}"
         self.complete = False
         self.manifest: Manifest
-        self._lock_fd: int | None = None
+        self._held: Any = None  # the unit's lock (eagle3.artifacts.locks) while this run writes
         self._writers: dict[str, tuple[RecordWriter, bool]] = {}
         self._rejects: RejectWriter | None = None
         self._n_in = 0
@@ -184,19 +155,7 @@ class StageOutput:
     @classmethod
     def _identify(cls, root, stage, name, config, inputs) -> StageOutput:
         """The output's identity (directory and fingerprint) without touching the disk."""
-        _check_component("stage", stage)
-        _check_component("name", name)
-        if not isinstance(config, Mapping):
-            raise TypeError(f"config must be a mapping of plain data, got {type(config).__name__}")
-        plain_config = to_plain(dict(config), "config")
-        resolved = {str(k): _resolve_input(str(k), v) for k, v in sorted((inputs or {}).items())}
-        fp = fingerprint({
-            "stage": stage,
-            "name": name,
-            "config": plain_config,
-            "inputs": {k: v["fingerprint"] for k, v in resolved.items()},
-            "format_version": STAGE_FORMAT_VERSION,
-        })
+        plain_config, resolved, fp = output_identity(stage, name, config, inputs, STAGE_FORMAT_VERSION)
         return cls(root=Path(root), stage=stage, name=name, config=plain_config, inputs=resolved, fp=fp)
 
     @classmethod
@@ -224,28 +183,13 @@ class StageOutput:
         # directory lists only units; and not inside the unit directory, which force=True
         # deletes (another process could then lock a fresh file while we hold the old one).
         (self.root / self.stage).mkdir(parents=True, exist_ok=True)
-        if fcntl is None:  # pragma: no cover - non-POSIX
-            return
-        lock_dir = self.root / LOCKS_DIR / self.stage
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_dir / f"{self.dir.name}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.info("%s is in use by another run; waiting for it to finish", self.dir)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except BaseException:
-                os.close(fd)
-                raise
-        self._lock_fd = fd
+        self._held = exclusive_lock(self.root / LOCKS_DIR / self.stage / f"{self.dir.name}.lock",
+                                    waiting=f"{self.dir} is in use by another run; waiting for it to finish")
 
     def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            if fcntl is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     def _prepare(self, force: bool) -> None:
         existing = self._existing_manifest()
@@ -484,51 +428,3 @@ class StageOutput:
 
     def __repr__(self) -> str:
         return f"StageOutput({str(self.dir)!r}, complete={self.complete})"
-
-
-def progress(iterable: Iterable[T], total: int | None = None, desc: str | None = None, **kwargs: Any) -> Iterable[T]:
-    """Wrap an iterable in the project's one style of progress bar.
-
-    Shown only when stderr is a terminal (so logs of batch jobs are not flooded with bar
-    redraws) and redrawn at most about once a second.
-
-    Args:
-        iterable: What to iterate.
-        total: Number of items, when ``len()`` is not available.
-        desc: Label, e.g. ``"tokenize demo_native"``.
-        **kwargs: Passed to ``tqdm`` (e.g. ``unit="tok"``).
-
-    Returns:
-        The ``tqdm`` wrapper, so callers can ``set_postfix`` on it.
-    """
-    from tqdm import tqdm
-
-    options: dict[str, Any] = {
-        "total": total,
-        "desc": desc,
-        "mininterval": 1.0,
-        "dynamic_ncols": True,
-        "disable": not _stderr_is_tty(),
-    }
-    options.update(kwargs)
-    return tqdm(iterable, **options)
-
-
-def _stderr_is_tty() -> bool:
-    with contextlib.suppress(AttributeError, ValueError):
-        return sys.stderr.isatty()
-    return False
-
-
-def log_summary(manifest: Manifest) -> str:
-    """Log the manifest's summary line, the one line a person reads per stage.
-
-    Logged rather than printed: under the entrypoint, Hydra's logging sends it both to the
-    console and to the job's log file, and printing as well would show it twice.
-
-    Returns:
-        The line.
-    """
-    line = manifest.summary_line()
-    logger.info(line)
-    return line

@@ -1,9 +1,16 @@
-"""Typed schema behind every YAML under conf/.
+"""Typed schema behind every YAML under conf/, and the one home of every default.
+
+The rule: **a key's default lives here, next to its type and comment; a YAML file under conf/
+sets only what its option changes** (`model/kimi_k25.yaml` the facts of Kimi-K2.5,
+`train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
+that would drift, and `tests/test_config.py` refuses one. Keys without a sensible default (a
+model's path, its layer count) are MISSING: the chosen option must set them. Code reads the
+composed config and never carries a fallback value of its own.
 
 The dataclasses are registered in Hydra's ConfigStore (see `store.py`), so a misspelt key or a
 value of the wrong type fails at composition. Choices (tracks, backends, formats) are plain
-strings checked by `validate.py`, which reports every bad value at once instead of stopping at
-the first, as an Enum would.
+strings checked by `validate.py` against the lists their owning modules define, which reports
+every bad value at once instead of stopping at the first, as an Enum would.
 """
 
 from __future__ import annotations
@@ -11,13 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING
+from omegaconf import II, MISSING
 
 
 @dataclass
 class PathsConfig:
     """Artifact locations. Relative paths are taken relative to the directory you run from."""
 
+    # Every stage writes under ${paths.root}/<stage>/<name>-<fingerprint>/ (default: the checkout's outputs/).
     root: str = "${eagle3_project_root:}/outputs"
     hf_cache: Optional[str] = None
 
@@ -48,7 +56,6 @@ class ModelConfig:
     revision: Optional[str] = None
     trust_remote_code: bool = False
     dtype: str = "bfloat16"
-    architecture: str = "llama"  # llama | deepseek_v3
     # Multimodal wrappers (Kimi-K2.5) nest the language model's config under this key.
     text_config_key: Optional[str] = None
     num_layers: int = MISSING
@@ -99,9 +106,9 @@ class DataConfig:
     """Knobs shared by the data stages."""
 
     scale: Optional[int] = None  # total training samples after merge; None = everything
-    eval_size: int = 200
+    eval_size: int = 16  # held-out samples, the same at every data scale
     max_len: int = 2048
-    seed: int = 0
+    seed: int = II("seed")
 
 
 @dataclass
@@ -181,6 +188,7 @@ class GenerateConfig:
     length_policy: str = "keep_flagged"  # keep_flagged | drop
     # Copy batches that an earlier generate output of the same source ran under the same config
     # (a smaller num_samples: its sample is a prefix) instead of generating them again.
+    # Client of running vLLM/SGLang servers (server=vllm|sglang server.urls=[http://HOST:PORT,...]).
     reuse_earlier: bool = True
     http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
 
@@ -239,9 +247,10 @@ class ServerConfig:
     dtype: str = "auto"
     context_length: Optional[int] = None
     mem_fraction_static: Optional[float] = None
-    reasoning_parser: Optional[str] = None
-    tool_call_parser: Optional[str] = None
-    trust_remote_code: bool = False
+    # The model's parsers (Kimi: kimi_k2), so served answers split reasoning and tool calls.
+    reasoning_parser: Optional[str] = II("model.reasoning_parser")
+    tool_call_parser: Optional[str] = II("model.tool_call_parser")
+    trust_remote_code: bool = II("model.trust_remote_code")
     startup_timeout_s: float = 1800.0  # until the health endpoint answers 200
     vllm_cpu_kvcache_gb: int = 1  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
     kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
@@ -277,7 +286,9 @@ class ExtractConfig:
     store_root: str = "${paths.root}/hidden_states"
     # Print the disk estimate of the plan (no data, no model) and stop.
     dry_run: bool = False
-    # Mean sample length the dry run assumes (1600: ~92 GB per 1K samples in bf16 at H=7168).
+    # Mean sample length the dry run and stage=plan assume until tokenize has measured it: with bf16
+    # at Kimi's H=7168 (57,348 B/token) 1,600 tokens give 91.8 GB per 1K samples, the ~92 GB per 1K
+    # the original effort measured.
     assumed_tokens_per_sample: int = 1600
     # Free bytes to assume instead of measuring the store's filesystem (planning, tests).
     assume_free_bytes: Optional[int] = None
@@ -335,8 +346,9 @@ class EvalConfig:
 class BenchConfig:
     """Stage bench: the served target without and with the draft (tok/s, engine accept length)."""
 
-    num_prompts: int = 16  # held-out prompts (first assistant turns of the eval split); conf: eval's
-    max_new_tokens: int = 128  # per prompt, greedy; conf: eval.max_new_tokens (comparable figures)
+    # The in-process eval's prompts and lengths, so the engine's accept length compares with eval's.
+    num_prompts: int = II("eval.num_prompts")  # held-out prompts (first assistant turns of the eval split)
+    max_new_tokens: int = II("eval.max_new_tokens")  # per prompt, greedy
     concurrency: int = 1  # requests in flight (1 = batch-1 decoding, what speculation speeds up)
     warmup_requests: int = 1  # sent before the timed part, not counted
     repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from eagle3.data import glaive
-from eagle3.data.conversation import ConversationError, join_text_parts, normalize_tool_call, split_think
+from eagle3.data.conversation import (
+    ConversationError,
+    join_text_parts,
+    normalize_tool_call,
+    split_think,
+)
 
 #: Column key every schema accepts: the raw id column (default: the first of ID_COLUMNS present).
 ID_KEY = "id"

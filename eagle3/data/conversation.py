@@ -23,6 +23,8 @@ from typing import Any, Iterable, Optional
 ROLES = ("system", "user", "assistant", "tool")
 TRACK_PROMPT_ONLY = "prompt_only"
 TRACK_TARGET_NATIVE = "target_native"
+#: `dataset.sources.<name>.track` (DESIGN.md §1, two tracks).
+TRACKS = (TRACK_TARGET_NATIVE, TRACK_PROMPT_ONLY)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 Problem = tuple[str, str]  # (reason, detail)

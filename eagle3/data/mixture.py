@@ -22,6 +22,9 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+#: The merge stage's two files, one record per sample, by split (extract and train read them).
+TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
+SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
 
 @dataclass(frozen=True)
 class Candidate:

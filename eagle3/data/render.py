@@ -30,6 +30,8 @@ __all__ = ["Reject", "RenderSettings", "generated_spans", "render", "template_kw
            "tokenize_conversation", "tokenize_spans"]
 
 OVERLENGTH_TRUNCATE, OVERLENGTH_DROP = "truncate", "drop"
+#: `tokenize.overlength`: what happens to a sample longer than data.max_len.
+OVERLENGTH_POLICIES = (OVERLENGTH_TRUNCATE, OVERLENGTH_DROP)
 
 
 class Reject(Exception):
@@ -53,10 +55,10 @@ class RenderSettings:
         overlength: ``truncate`` (cut to max_len and flag) or ``drop`` (reject ``too_long``).
     """
 
-    template: Optional[str] = None
-    thinking: bool = True
-    max_len: int = 2048
-    overlength: str = OVERLENGTH_TRUNCATE
+    template: Optional[str]
+    thinking: bool
+    max_len: int
+    overlength: str
 
     @property
     def template_sha256(self) -> Optional[str]:

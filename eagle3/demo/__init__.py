@@ -7,6 +7,7 @@ chat format: same control tokens, same published chat template, reasoning blocks
 of the Python standard library, frozen in ``eagle3/assets/demo_corpus.jsonl.gz``.
 
 Modules: ``corpus`` (load + module split), ``conversations`` (plans and the target's voice),
-``kimi_format`` (tokens, assistant-turn codec), ``tokenizer``, ``target_training``,
-``evaluation``, ``datasets`` (the two demo tracks), ``fixtures`` (committed test fixtures).
+``tokenizer``, ``target_training``, ``evaluation``, ``datasets`` (the two demo tracks),
+``fixtures`` (committed test fixtures). The Kimi chat format itself (tokens, assistant-turn
+codec) is the real target's and lives in ``eagle3.chat_formats.kimi``.
 """

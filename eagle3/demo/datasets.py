@@ -23,13 +23,16 @@ import random
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-import torch
-
+from eagle3.chat_formats.kimi import parse_kimi_assistant
 from eagle3.demo import conversations as convs
 from eagle3.demo import corpus
-from eagle3.demo.kimi_format import parse_kimi_assistant  # noqa: F401  (public here)
 
 _SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
+
+
+#: `dataset.sources.<name>.generator`: the built-in demo sets, in their real schemas.
+DEMO_NATIVE, DEMO_PROMPTS = "demo_native", "demo_prompts"
+GENERATORS = (DEMO_NATIVE, DEMO_PROMPTS)
 
 
 def _unique_plans(stream: str, seed: int) -> Iterator[convs.Plan]:
@@ -82,6 +85,8 @@ def load_target(path: str):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
+    import torch  # here: importing this module (validation reads GENERATORS) must not load torch
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, tokenizer
 

@@ -12,8 +12,8 @@ import time
 
 import torch
 
+from eagle3.chat_formats import kimi as kf
 from eagle3.demo import conversations as convs
-from eagle3.demo import kimi_format as kf
 from eagle3.demo.target_training import training_text
 
 EVAL_SEED_OFFSET = 2  # held-out plans use seed + 2 (training uses seed, the BPE seed + 1)

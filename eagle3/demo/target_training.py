@@ -23,11 +23,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 from tokenizers import Tokenizer, models
-from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
+from eagle3.chat_formats import kimi as kf
 from eagle3.demo import conversations as convs
-from eagle3.demo import kimi_format as kf
 from eagle3.demo import tokenizer as demo_tok
 
 
@@ -62,7 +66,7 @@ def training_text(tokenizer, conv: dict) -> str:
 
     The published template renders the final answer as history (``<think></think>``); a target
     trained on that would never learn to think. Rendering the prompt with the generation prompt
-    and appending :func:`kimi_format.assistant_tail` gives exactly the text a served model sees
+    and appending :func:`eagle3.chat_formats.kimi.assistant_tail` gives exactly the text a served model sees
     and then writes.
     """
     prompt = tokenizer.apply_chat_template(conv["messages"][:-1], tools=conv.get("tools"),

@@ -26,7 +26,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from eagle3.demo import kimi_format as kf
+from eagle3.chat_formats import kimi as kf
 
 VOCAB_SIZE = 8192
 MODEL_MAX_LENGTH = 4096

@@ -51,7 +51,7 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
 
 
 def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-                  block_size: int = 256) -> torch.Tensor:
+                  block_size: int) -> torch.Tensor:
     """Attention of step k = len(keys) - 1 of the training-time test.
 
     Args:

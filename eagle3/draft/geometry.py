@@ -6,9 +6,7 @@ can be rebuilt without the Hydra config that trained it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 
@@ -64,13 +62,6 @@ def _rope(cfg: Mapping[str, Any]) -> tuple[float, Optional[dict]]:
     if scaling is None and params.get("rope_type", "default") != "default":
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     return float(theta), scaling
-
-
-def target_text_config(path: str | Path, text_config_key: Optional[str] = None) -> dict[str, Any]:
-    """The target's language-model config.json as a dict (Kimi nests it under text_config)."""
-    with open(Path(path) / "config.json", encoding="utf-8") as fh:
-        cfg = json.load(fh)
-    return cfg.get(text_config_key or "text_config") or cfg
 
 
 def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vocab_size: int,

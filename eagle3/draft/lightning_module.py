@@ -14,9 +14,10 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
+from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.ttt import simulated_accept_length, teacher_targets, ttt_forward
+from eagle3.draft.ttt import teacher_targets, ttt_forward
 
 
 def cosine_with_warmup(step: int, total: int, warmup: int, floor: float = 0.1) -> float:
@@ -57,7 +58,7 @@ class DraftModule(L.LightningModule):
         return ttt_forward(self.draft, batch["aux"], batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
                            out_of_vocab=str(self.cfg["out_of_vocab"]),
-                           block_size=int(self.cfg.get("attention_block", 256)))
+                           block_size=int(self.cfg["attention_block"]))
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}
@@ -115,6 +116,6 @@ class DraftModule(L.LightningModule):
         params = [p for p in self.draft.parameters() if p.requires_grad]
         optimizer = instantiate(dict(self.cfg["optimizer"]), params=params, _convert_="all")
         total = int(self.trainer.estimated_stepping_batches)
-        warmup = int(round(float(self.cfg.get("warmup_ratio", 0.0)) * total))
+        warmup = int(round(float(self.cfg["warmup_ratio"]) * total))
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_with_warmup(s, total, warmup))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.data import collate_padded, plan_token_batches
-from eagle3.draft.ttt import simulated_accept_length
 
 
 @torch.no_grad()
-def evaluate_pooled(module, dataset: Dataset, batch_tokens: int = 8192) -> dict[str, Any]:
+def evaluate_pooled(module, dataset: Dataset, batch_tokens: int) -> dict[str, Any]:
     """Per-step agreement, KL and simulated accept length of `module` (a DraftModule) on `dataset`."""
     steps = module.steps
     correct, counted = torch.zeros(steps), torch.zeros(steps)

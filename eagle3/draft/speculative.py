@@ -1,6 +1,6 @@
 """In-process greedy speculative decoding: an HF target verifies chains drafted by EAGLE-3.
 
-This is the real-decoding half of the eval stage (the simulated half is `ttt.simulated_accept_length`).
+This is the real-decoding half of the eval stage (the simulated half is `acceptance.simulated_accept_length`).
 It runs on CPU with the demo target and is the strongest correctness check the draft path has
 (DESIGN.md section 4): with greedy verification the output equals the target's own greedy output
 token for token, whatever the draft proposes.

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from eagle3.errors import Eagle3Error
+from eagle3.target_info import read_config, resolve_dir
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -22,17 +23,6 @@ SINGLE_NAME = "model.safetensors"
 
 class TargetWeightsError(Eagle3Error):
     """The target checkpoint lacks an embedding or head we can identify."""
-
-
-def _resolve_dir(path: str, revision: Optional[str], cache_dir: Optional[str]) -> Path:
-    """A local directory, or the hub snapshot of the files we need (config + index + json)."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        return local
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(path, revision=revision, cache_dir=cache_dir,
-                                  allow_patterns=["*.json"]))
 
 
 def _weight_map(root: Path) -> dict[str, str]:
@@ -63,14 +53,12 @@ def load_embedding_and_head(path: str, *, revision: Optional[str] = None, cache_
     Raises:
         TargetWeightsError: Either tensor cannot be found; the message lists candidates.
     """
-    root = _resolve_dir(path, revision, cache_dir)
+    root = resolve_dir(path, revision, cache_dir)
     weight_map = _weight_map(root)
     names = sorted(weight_map)
     embed_name = _pick(names, "embed_tokens.weight", text_config_key)
     head_name = _pick(names, "lm_head.weight", text_config_key)
-    config = json.loads((root / "config.json").read_text()) if (root / "config.json").is_file() else {}
-    text_cfg = config.get(text_config_key or "text_config") or config
-    tied = bool(text_cfg.get("tie_word_embeddings", config.get("tie_word_embeddings", False)))
+    tied = bool((read_config(root, text_config_key) or {}).get("tie_word_embeddings", False))
     if embed_name is None or (head_name is None and not tied):
         hint = [n for n in names if "embed" in n or "head" in n][:6]
         raise TargetWeightsError(f"{root}: cannot find the target's embed_tokens/lm_head tensors "

@@ -21,8 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import ttt_attention
 from eagle3.draft.model import Eagle3Draft
-
-OUT_OF_VOCAB_POLICIES = ("mask", "keep")
+from eagle3.draft.options import OOV_MASK, OUT_OF_VOCAB_POLICIES
 
 
 @dataclass
@@ -94,8 +93,8 @@ def _kl_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, neg_
 
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                lengths: torch.Tensor, teacher: Teacher, steps: int = 7, decay: float = 0.8,
-                out_of_vocab: str = "mask", block_size: int = 256) -> TTTOutput:
+                lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
+                block_size: int) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     Args:
@@ -135,7 +134,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target_mask[:, :span - 1] = mask[:, shift + 1:]
         count = in_sample & target_mask
         target = teacher.argmax[:, shift:]  # [B, span]
-        weight = count & (target >= 0) if out_of_vocab == "mask" else count
+        weight = count & (target >= 0) if out_of_vocab == OOV_MASK else count
         args = (draft, state[:, :span], teacher.probs[:, shift:], teacher.neg_entropy[:, shift:],
                 weight.to(teacher.probs.dtype))
         kl_sum, pred = checkpoint(_kl_terms, *args, use_reentrant=False) if grad else _kl_terms(*args)
@@ -150,12 +149,3 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
                      loss_tokens=torch.stack(loss_tokens))
-
-
-def simulated_accept_length(acc: torch.Tensor | list[float]) -> float:
-    """`1 + sum_k prod_{j<=k} acc_j` for per-step top-1 agreement rates."""
-    total, running = 1.0, 1.0
-    for a in (acc.tolist() if isinstance(acc, torch.Tensor) else acc):
-        running *= float(a)
-        total += running
-    return total

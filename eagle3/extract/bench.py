@@ -27,8 +27,9 @@ from eagle3.artifacts import StageOutput, format_bytes
 from eagle3.extract.dataset import HiddenStateDataset
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.store import HiddenStateStore, StoreSpec
-from eagle3.extract.target import check_geometry, load_target, target_identity
+from eagle3.extract.target import check_geometry, load_target
 from eagle3.paths import CONF_DIR
+from eagle3.target_info import weights_identity
 
 
 def demo_records(n: int, tokenizer_dir: str) -> list[dict]:
@@ -61,7 +62,10 @@ def trainer_proxy_rate(hidden: int, n_capture: int, target_vocab: int, draft_voc
     trainer does per token, on the same cores, to compare the loader against.
     """
     from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer,
+        LlamaRotaryEmbedding,
+    )
 
     heads = max(hidden // 64, 1)
     config = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads,
@@ -118,7 +122,7 @@ def main() -> None:
             merged = tmp / "merged"
             write_split_files(merged, demo_records(args.demo_samples, m.path), n_eval=max(args.demo_samples // 10, 1))
         for fmt in args.formats.split(","):
-            spec = StoreSpec(model=m.name, target=target_identity(m.path, m.revision, m.dtype),
+            spec = StoreSpec(model=m.name, target=weights_identity(m.path, m.revision, m.dtype),
                              capture_layers=tuple(m.capture_layers), storage_format=fmt, hidden_size=int(m.hidden_size))
             store_dir = tmp / "stores" / spec.dirname
             job = UnitJob(merged_dir=merged, store_dir=store_dir, spec=spec, shard=0, num_shards=1,

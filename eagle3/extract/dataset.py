@@ -20,9 +20,8 @@ import torch
 from torch.utils.data import Dataset
 
 from eagle3.artifacts import REJECTS_NAME, Manifest, read_jsonl
+from eagle3.data.mixture import SPLIT_FILES
 from eagle3.extract.store import HiddenStateStore, content_key
-
-SPLIT_FILES = {"train": "train.jsonl", "eval": "eval.jsonl"}
 
 
 class AlignmentError(ValueError):
@@ -41,7 +40,7 @@ class HiddenStateDataset(Dataset):
         exclude_ids: Sample ids the extraction rejected (they are legitimately not stored).
         dtype: Float dtype of `aux` / `final`; None keeps the stored one (fp8 gives float32).
         dequantize: False returns fp8 stores as stored (`aux`/`final` float8 plus `aux_scale
-            [T, C]` / `final_scale [T, 1]`), to dequantise on the GPU (`formats.dequantize_fp8`):
+            [T, C]` / `final_scale [T, 1]`), to dequantise on the GPU (`codec.dequantize_fp8`):
             at H=7168 converting on the CPU costs more per token than reading the bytes.
 
     Raises:

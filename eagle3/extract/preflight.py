@@ -20,9 +20,6 @@ from eagle3.artifacts import format_bytes
 from eagle3.extract import formats
 
 GB = 1_000_000_000
-# Mean tokens per sample assumed by the dry run: with bf16 at Kimi's H=7168 (57,348 B/token)
-# 1,600 tokens give 91.8 GB per 1K samples, the ~92 GB per 1K the original effort measured.
-DEFAULT_TOKENS_PER_SAMPLE = 1600
 
 
 class DiskSpaceError(RuntimeError):

@@ -23,16 +23,16 @@ import numpy as np
 import torch
 
 from eagle3.artifacts import StageOutput, read_jsonl
-from eagle3.extract import formats
+from eagle3.data.mixture import SPLIT_FILES
+from eagle3.extract import codec
 from eagle3.extract.capture import LayerCapture, capture_samples, plan_batches
 from eagle3.extract.preflight import check_disk, estimate
 from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name, shard_of
-from eagle3.extract.writer import StoreWriter
 from eagle3.extract.target import DecoderParts
+from eagle3.extract.writer import StoreWriter
 
 log = logging.getLogger("eagle3")
 KEYS_FILE = "keys.jsonl"
-SPLITS = (("train", "train.jsonl"), ("eval", "eval.jsonl"))
 
 
 @dataclass
@@ -67,7 +67,7 @@ class UnitJob:
 
 
 def _records(merged_dir: Path) -> Iterator[tuple[str, dict]]:
-    for split, name in SPLITS:
+    for split, name in SPLIT_FILES.items():
         for record in read_jsonl(merged_dir / name):
             yield split, record
 
@@ -153,7 +153,7 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
         for b, batch in enumerate(batches):
             items = [work[i] for i in batch]
             results = capture_samples(capture, [w.input_ids for w in items])
-            encoded: dict[str, tuple[formats.Encoded, int]] = {}
+            encoded: dict[str, tuple[codec.Encoded, int]] = {}
             rejected: list[tuple[Work, str]] = []
             for w, (aux, final) in zip(items, results):  # aux [n, C*H], final [n, H]
                 bad = _nonfinite(aux, final, n_capture)
@@ -161,7 +161,7 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
                     rejected.append((w, bad))
                     continue
                 ids = torch.as_tensor(w.input_ids)
-                encoded[w.key] = (formats.encode(aux, final, ids, job.spec.storage_format), len(w.input_ids))
+                encoded[w.key] = (codec.encode(aux, final, ids, job.spec.storage_format), len(w.input_ids))
             if encoded:
                 writer.write_shard(encoded)
             for w in items:

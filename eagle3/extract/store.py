@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from eagle3.artifacts import fingerprint
-from eagle3.extract import formats
+from eagle3.extract import codec, formats
 
 log = logging.getLogger("eagle3")
 
@@ -50,7 +50,7 @@ class StoreSpec:
 
     Attributes:
         model: Short model name, only for a readable directory name.
-        target: Target identity (path, revision, dtype, weights hash); see target.target_identity.
+        target: Target identity (path, revision, dtype, weights hash); see eagle3.target_info.weights_identity.
         capture_layers: Capture ids (i = residual stream entering decoder layer i).
         storage_format: One of formats.FORMATS.
         hidden_size: H of the target's text model.
@@ -199,4 +199,4 @@ class HiddenStateStore:
 
     def load(self, key: str, dtype: torch.dtype | None = None):
         """(`aux [T, C*H]`, `final [T, H]`, `input_ids [T]`) of one sample, fp8 dequantised."""
-        return formats.decode(self.raw(key), self.storage_format, dtype)
+        return codec.decode(self.raw(key), self.storage_format, dtype)

@@ -9,22 +9,18 @@ layers whose parent also owns a final norm and the token embedding.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from eagle3.dtypes import torch_dtype
+
 log = logging.getLogger("eagle3")
 
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_norm")
-# Local checkpoints up to this size are identified by a content hash of every file; larger
-# ones (Kimi: ~600 GB) by file names and sizes plus the hash of their small json files.
-FULL_HASH_LIMIT = 1 << 30
 
 
 @dataclass
@@ -79,38 +75,6 @@ def find_decoder(model: nn.Module, text_config_key: Optional[str] = None) -> Dec
                      f"and an embedding in {type(model).__name__}; module lists: {', '.join(seen) or 'none'}")
 
 
-@functools.lru_cache(maxsize=16)
-def _local_weights_identity(path: str, stamp: tuple) -> dict[str, Any]:
-    files = sorted(p for p in Path(path).iterdir() if p.is_file() and not p.name.startswith("."))
-    total = sum(p.stat().st_size for p in files)
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(f"{p.name}\0{p.stat().st_size}\0".encode())
-        if total <= FULL_HASH_LIMIT or p.suffix == ".json":
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-    return {"files": len(files), "bytes": total, "hash": digest.hexdigest()[:16],
-            "hashed": "content" if total <= FULL_HASH_LIMIT else "names+sizes+json"}
-
-
-def target_identity(path: str, revision: Optional[str], dtype: str) -> dict[str, Any]:
-    """What the target's hidden states are a function of, without loading it.
-
-    A local directory is identified by its files (content hash when small, names + sizes +
-    json contents when huge), so moving it keeps the identity and retraining changes it; a hub
-    id by id and revision (pin `model.revision`: "main" moves).
-    """
-    local = Path(path).expanduser()
-    ident: dict[str, Any] = {"dtype": dtype}
-    if local.is_dir():
-        stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(local.iterdir()))
-        ident["weights"] = _local_weights_identity(str(local.resolve()), stamp)
-    else:
-        ident.update({"hub_id": path, "revision": revision or "main"})
-    return ident
-
-
 def load_target(path: str, *, dtype: str, trust_remote_code: bool, revision: Optional[str] = None,
                 device_map: Optional[str] = None, cache_dir: Optional[str] = None,
                 text_config_key: Optional[str] = None) -> DecoderParts:
@@ -121,7 +85,7 @@ def load_target(path: str, *, dtype: str, trust_remote_code: bool, revision: Opt
     """
     from transformers import AutoModel, AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype), "trust_remote_code": trust_remote_code,
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "trust_remote_code": trust_remote_code,
                               "revision": revision, "cache_dir": cache_dir}
     if device_map:
         kwargs["device_map"] = device_map  # needs `accelerate`

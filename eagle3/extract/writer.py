@@ -20,13 +20,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from eagle3.artifacts import atomic_path, atomic_write_json, is_temp_name
-from eagle3.extract import formats
+from eagle3.artifacts.locks import exclusive_lock
+from eagle3.extract import codec
 from eagle3.extract.store import STORE_FILE, StoreSpec
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger("eagle3")
 
@@ -50,7 +46,7 @@ class StoreWriter:
     spec: StoreSpec
     job: str
     save_file: Callable[..., None] | None = None
-    _lock_fd: int | None = field(default=None, init=False, repr=False)
+    _held: Any = field(default=None, init=False, repr=False)  # the slot's lock while writing
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory)
@@ -74,19 +70,13 @@ class StoreWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        if self._held is not None:
+            self._held.release()
+            self._held = None
 
     def _lock(self) -> None:
-        fd = os.open(self.directory / "locks" / f"{self.job}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("store job %s is in use by another run; waiting", self.job)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        self._lock_fd = fd
+        self._held = exclusive_lock(self.directory / "locks" / f"{self.job}.lock",
+                                    waiting=f"store job {self.job} is in use by another run; waiting")
 
     def _repair(self) -> None:
         """Under the lock: drop temp files of killed writers and a torn index tail."""
@@ -102,7 +92,7 @@ class StoreWriter:
                     fh.truncate(good)
                     os.fsync(fh.fileno())
 
-    def write_shard(self, samples: dict[str, tuple[formats.Encoded, int]]) -> str:
+    def write_shard(self, samples: dict[str, tuple[codec.Encoded, int]]) -> str:
         """Write one shard atomically, then index it.
 
         Args:
@@ -114,7 +104,7 @@ class StoreWriter:
         Raises:
             DiskFull: ENOSPC while writing; the temp file is gone and nothing was indexed.
         """
-        if self._lock_fd is None:
+        if self._held is None:
             raise RuntimeError("use StoreWriter as a context manager (it holds the job lock)")
         name = hashlib.sha256("\n".join(sorted(samples)).encode()).hexdigest()[:20]
         path = self.shard_dir / f"{name}.safetensors"

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from eagle3.generation.backend import GenerationRequest, SamplingParams
 from eagle3.generation.hf_backend import HFBackend
+from eagle3.generation.types import GenerationRequest, SamplingParams
 from eagle3.paths import asset_path
 
 

@@ -18,8 +18,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from eagle3.demo.kimi_format import ASSISTANT_HEADER, IM_END, parse_kimi_assistant
-from eagle3.generation.backend import (
+from eagle3.chat_formats.kimi import ASSISTANT_HEADER, IM_END, parse_kimi_assistant
+from eagle3.dtypes import torch_dtype
+from eagle3.generation.types import (
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
@@ -30,7 +31,6 @@ from eagle3.generation.backend import (
 
 log = logging.getLogger("eagle3")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # tokenizer.model_max_length is a huge sentinel when a tokenizer does not know its limit.
 _NO_LIMIT = 10**9
 
@@ -81,8 +81,7 @@ class HFBackend:
             trust_remote_code: Allow the checkpoint's own modelling/tokenizer code (Kimi needs it).
             device: Torch device; None = CUDA when available, else CPU.
         """
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; valid: {', '.join(_DTYPES)}")
+        torch_dtype(dtype)  # a ValueError naming the valid ones, before anything loads
         self.path, self.revision, self.dtype = path, revision, dtype
         self.trust_remote_code = trust_remote_code
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -96,6 +95,13 @@ class HFBackend:
         """Backend, model and device, for the manifest."""
         return {"backend": self.name, "path": self.path, "revision": self.revision,
                 "dtype": self.dtype, "device": self.device}
+
+    @classmethod
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "HFBackend":
+        """The configured target (`model.*`), loaded in this process on first use; `urls` is unused."""
+        model = cfg.model
+        return cls(path=str(model.path), revision=model.revision, dtype=str(model.dtype),
+                   trust_remote_code=bool(model.trust_remote_code))
 
     @classmethod
     def from_loaded(cls, model: Any, tokenizer: Any) -> "HFBackend":
@@ -113,7 +119,7 @@ class HFBackend:
 
         common = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
         tokenizer = AutoTokenizer.from_pretrained(self.path, **common)
-        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=_DTYPES[self.dtype], **common)
+        model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype(self.dtype), **common)
         self._attach(model.to(self.device).eval(), tokenizer)
         log.info("hf backend: loaded %s (%s, %s), end token id %s, context %s",
                  self.path, self.dtype, self.device, self.end_id, self.context_length)

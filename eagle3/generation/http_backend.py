@@ -39,10 +39,18 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from eagle3.generation.backend import (
+from eagle3.generation.http_settings import ROUND_ROBIN, HTTPSettings, Partition
+from eagle3.generation.openai_chat import (
+    BadResponse,
+    build_body,
+    chat_url,
+    estimate_prompt_tokens,
+    is_context_error,
+    to_result,
+)
+from eagle3.generation.types import (
     ERROR_PROMPT_TOO_LONG,
     ERROR_REQUEST_FAILED,
     BackendUnavailable,
@@ -50,17 +58,9 @@ from eagle3.generation.backend import (
     GenerationResult,
     SamplingParams,
 )
-from eagle3.generation.openai_chat import (
-    BadResponse,
-    build_body,
-    chat_url,
-    estimate_prompt_tokens,
-    is_context_error,
-    models_url,
-    to_result,
-)
+from eagle3.serving.http import ERROR_TEXT_CHARS, Client, HTTPFailure, served_model
 
-__all__ = ["HTTPBackend", "HTTPSettings", "Partition", "backoff_delay"]
+__all__ = ["HTTPBackend", "backoff_delay"]
 
 log = logging.getLogger("eagle3")
 
@@ -68,47 +68,6 @@ RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 # An endpoint that refused a connection is skipped this long (when another one is up).
 ENDPOINT_REST_S = 2.0
 _PROBE_TIMEOUT_S = 5.0
-_ERROR_TEXT_CHARS = 300
-
-
-@dataclass(frozen=True)
-class Partition:
-    """Requests with estimated prompt tokens <= `max_context` (None: any) share `concurrency` slots."""
-
-    max_context: Optional[int]
-    concurrency: int
-
-    @property
-    def name(self) -> str:
-        return f"<={self.max_context}" if self.max_context is not None else "any"
-
-
-@dataclass(frozen=True)
-class HTTPSettings:
-    """Everything the client needs, as plain data (built from `generate.http` by `from_config`)."""
-
-    urls: tuple[str, ...]
-    backend: str = "vllm"
-    model: Optional[str] = None  # served model name; None = ask /v1/models
-    fallback_model: str = "default"  # when the server cannot say (no /v1/models)
-    partitions: tuple[Partition, ...] = (Partition(10240, 192), Partition(None, 16))
-    concurrency_per_endpoint: bool = False
-    endpoint_strategy: str = "least_busy"
-    chars_per_token: float = 3.0
-    request_timeout_s: float = 1800.0
-    connect_timeout_s: float = 30.0
-    max_attempts: int = 6
-    backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
-    max_consecutive_failures: int = 64
-    connect_wait_s: float = 60.0
-    thinking_keys: tuple[str, ...] = ("thinking", "enable_thinking")
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-
-    def sorted_partitions(self) -> tuple[Partition, ...]:
-        """Smallest limit first, the unlimited one last."""
-        return tuple(sorted(self.partitions, key=lambda p: (p.max_context is None, p.max_context or 0)))
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random,
@@ -177,7 +136,7 @@ class HTTPBackend:
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
-        self._session: Any = None
+        self._client: Optional[Client] = None
         self._semaphores: dict[Partition, asyncio.Semaphore] = {}
         self._closed = False
         self._fatal: Optional[BackendUnavailable] = None
@@ -191,25 +150,21 @@ class HTTPBackend:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, cfg: Any, urls: Sequence[str]) -> "HTTPBackend":
-        """The backend for `cfg.server.backend` at `urls`, with `cfg.generate.http`'s knobs."""
-        from omegaconf import OmegaConf
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "HTTPBackend":
+        """The backend for `cfg.server.backend` at `urls` (None = `server.urls`), with `generate.http`'s knobs.
 
-        http = cfg.generate.http
-        plain = OmegaConf.to_container(http, resolve=True)
-        settings = HTTPSettings(
-            urls=tuple(str(u) for u in urls), backend=str(cfg.server.backend),
-            model=http.model, fallback_model=str(cfg.model.path),
-            partitions=tuple(Partition(p["max_context"], int(p["concurrency"])) for p in plain["partitions"]),
-            concurrency_per_endpoint=bool(http.concurrency_per_endpoint),
-            endpoint_strategy=str(http.endpoint_strategy), chars_per_token=float(http.chars_per_token),
-            request_timeout_s=float(http.request_timeout_s), connect_timeout_s=float(http.connect_timeout_s),
-            max_attempts=int(http.max_attempts), backoff_s=float(http.backoff_s),
-            max_backoff_s=float(http.max_backoff_s), max_consecutive_failures=int(http.max_consecutive_failures),
-            connect_wait_s=float(http.connect_wait_s), thinking_keys=tuple(plain["thinking_keys"]),
-            chat_template_kwargs=dict(plain["chat_template_kwargs"] or {}),
-            extra_body=dict(plain["extra_body"] or {}))
-        return cls(settings)
+        Raises:
+            BackendUnavailable: No URL to talk to.
+        """
+        backend = str(cfg.server.backend)
+        urls = [str(u) for u in (urls if urls is not None else cfg.server.urls)]
+        if not urls:
+            raise BackendUnavailable(
+                f"server.backend={backend}: no server to talk to; set server.urls=[http://HOST:PORT,...] to "
+                f"running {backend} servers (stage generate launches one itself when they are not set), "
+                "or use server=hf (in-process transformers)")
+        return cls(HTTPSettings.from_config(cfg.generate.http, urls=urls, backend=str(cfg.server.backend),
+                                            fallback_model=str(cfg.model.path)))
 
     def describe(self) -> dict[str, Any]:
         """Backend, endpoints and served model, for the manifest."""
@@ -245,38 +200,26 @@ class HTTPBackend:
                 raise
 
     async def _start(self) -> None:
-        import aiohttp
-
         total = sum(self._capacity(p) for p in self._partitions)
-        connector = aiohttp.TCPConnector(limit=total + 8, limit_per_host=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, json_serialize=json.dumps)
+        self._client = Client(limit=total + 8)
         self._semaphores = {p: asyncio.Semaphore(self._capacity(p)) for p in self._partitions}
         await self._probe()
         self._started_at = time.perf_counter()
 
     async def _probe(self) -> None:
         """Wait (up to connect_wait_s) until an endpoint answers /v1/models; learn the model name."""
-        import aiohttp
-
         deadline = time.monotonic() + self.settings.connect_wait_s
-        timeout = aiohttp.ClientTimeout(total=_PROBE_TIMEOUT_S)
         last: dict[str, str] = {}
 
         async def probe(ep: _Endpoint) -> Optional[str]:
             try:
-                async with self._session.get(models_url(ep.url), timeout=timeout) as resp:
-                    text = await resp.text()
-                    if resp.status >= 500:
-                        raise _Failure(f"http_{resp.status}", text[:_ERROR_TEXT_CHARS])
-                    ep.alive = True
-                    if resp.status != 200:  # a server without /v1/models still serves chat
-                        return None
-                    data = json.loads(text).get("data") or []
-                    return str(data[0]["id"]) if data else None
-            except (aiohttp.ClientError, asyncio.TimeoutError, _Failure, ValueError, KeyError) as exc:
-                last[ep.url] = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_CHARS]
+                name = await served_model(self._client, ep.url, timeout=_PROBE_TIMEOUT_S)
+            except HTTPFailure as exc:  # not answering, or 5xx: not serving yet
+                last[ep.url] = str(exc)[:ERROR_TEXT_CHARS]
                 ep.alive = False
                 return None
+            ep.alive = True  # a server without /v1/models (name None) still serves chat
+            return name
 
         while True:
             names = await asyncio.gather(*(probe(ep) for ep in self._endpoints if not ep.alive))
@@ -316,8 +259,8 @@ class HTTPBackend:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     def _stop_loop(self) -> None:
         loop, thread = self._loop, self._thread
@@ -370,7 +313,7 @@ class HTTPBackend:
         if avoid is not None and len(up) > 1:
             up = [ep for ep in up if ep is not avoid] or up
         n = len(self._endpoints)
-        if self.settings.endpoint_strategy == "round_robin":
+        if self.settings.endpoint_strategy == ROUND_ROBIN:
             order = {id(ep): (self._endpoints.index(ep) - self._rr) % n for ep in up}
             chosen = min(up, key=lambda ep: order[id(ep)])
         else:  # least busy; ties go round the ring
@@ -452,37 +395,35 @@ class HTTPBackend:
         endpoint.requests += 1
         self.inflight += 1
         try:
-            async with self._session.post(endpoint.chat_url, data=payload, timeout=timeout,
-                                          headers={"Content-Type": "application/json"}) as resp:
-                raw = await resp.read()
-                status = resp.status
-                retry_after = resp.headers.get("Retry-After")
+            reply = await self._client.request("POST", endpoint.chat_url, data=payload, timeout=timeout,
+                                               headers={"Content-Type": "application/json"})
+            raw, status, retry_after = reply.body, reply.status, reply.headers.get("Retry-After")
         except asyncio.TimeoutError:
             raise _Failure("timeout", f"no complete answer within {self.settings.request_timeout_s:g} s "
                                       f"from {endpoint.url}") from None
         except aiohttp.ClientConnectorError as exc:
-            raise _Failure("connect", f"{endpoint.url}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+            raise _Failure("connect", f"{endpoint.url}: {exc}"[:ERROR_TEXT_CHARS]) from None
         except (aiohttp.ClientError, OSError) as exc:  # lost connection, cut payload, reset
-            raise _Failure("connection", f"{endpoint.url}: {type(exc).__name__}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+            raise _Failure("connection", f"{endpoint.url}: {type(exc).__name__}: {exc}"[:ERROR_TEXT_CHARS]) from None
         finally:
             endpoint.inflight -= 1
             self.inflight -= 1
         text = raw.decode("utf-8", errors="replace")
         if status != 200:
             if is_context_error(status, text):
-                raise _Failure(ERROR_PROMPT_TOO_LONG, f"HTTP {status}: {text[:_ERROR_TEXT_CHARS]}", retryable=False)
+                raise _Failure(ERROR_PROMPT_TOO_LONG, f"HTTP {status}: {text[:ERROR_TEXT_CHARS]}", retryable=False)
             wait = None
             if retry_after:
                 try:
                     wait = float(retry_after)
                 except ValueError:
                     wait = None
-            raise _Failure(f"http_{status}", f"HTTP {status} from {endpoint.url}: {text[:_ERROR_TEXT_CHARS]}",
+            raise _Failure(f"http_{status}", f"HTTP {status} from {endpoint.url}: {text[:ERROR_TEXT_CHARS]}",
                            retryable=status in RETRY_STATUS, retry_after=wait)
         try:
             return to_result(request, json.loads(text))
         except (ValueError, BadResponse) as exc:  # json.JSONDecodeError is a ValueError
-            raise _Failure("bad_response", f"{endpoint.url}: {exc}"[:_ERROR_TEXT_CHARS]) from None
+            raise _Failure("bad_response", f"{endpoint.url}: {exc}"[:ERROR_TEXT_CHARS]) from None
 
     # ------------------------------------------------------------------ reporting
     def stats(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any, Optional, Sequence
 
-from eagle3.generation.backend import (
+from eagle3.generation.types import (
     FINISH_LENGTH,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
@@ -27,14 +27,15 @@ from eagle3.generation.backend import (
     GenerationResult,
     SamplingParams,
 )
+from eagle3.serving.http import openai_base
 
 __all__ = [
+    "RESERVED_BODY_FIELDS",
     "BadResponse",
     "build_body",
     "chat_url",
     "estimate_prompt_tokens",
     "is_context_error",
-    "models_url",
     "request_seed",
     "to_message",
     "to_result",
@@ -49,6 +50,9 @@ RETRYABLE_FINISH = ("abort", "error")
 _CONTEXT_ERROR = re.compile(
     r"maximum context length|context length|context_length_exceeded|prompt is too long|too many tokens|"
     r"longer than the model", re.IGNORECASE)
+#: Body fields `build_body` sets from the request and generate.*; generate.http.extra_body may not.
+RESERVED_BODY_FIELDS = ("model", "messages", "tools", "max_tokens", "temperature", "top_p", "seed", "n", "stream",
+                        "chat_template_kwargs")
 # Per-message template overhead (role header, end-of-turn) in tokens, for the estimate.
 _TOKENS_PER_MESSAGE = 8
 
@@ -57,19 +61,9 @@ class BadResponse(ValueError):
     """A 200 response that is not a chat completion (no choices, not JSON): retried."""
 
 
-def _base(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def chat_url(url: str) -> str:
     """`http://host:port` or `http://host:port/v1` -> the chat-completions endpoint."""
-    return _base(url) + "/v1/chat/completions"
-
-
-def models_url(url: str) -> str:
-    """The model-list endpoint of a server base URL (also its cheapest liveness probe)."""
-    return _base(url) + "/v1/models"
+    return openai_base(url) + "/v1/chat/completions"
 
 
 def request_seed(batch_seed: int, request_id: str) -> int:

@@ -16,7 +16,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from eagle3.generation.backend import (
+from eagle3.generation.types import (
     ERROR_PROMPT_TOO_LONG,
     FINISH_LENGTH,
     FINISH_TOOL_CALLS,
@@ -33,6 +33,9 @@ ENDED_LENGTH = "length"  # a turn hit max_new_tokens (kept flagged; later turns 
 ENDED_TOOL_CALLS = "tool_calls"  # the target called a tool, which cannot be run for a foreign prompt
 ENDED_CONTEXT = "context_length"  # the next prompt no longer fits the model's context
 CONTEXT_ROLES = ("system", "user")
+#: `generate.length_policy`: a turn cut at max_new_tokens is kept (flagged truncated) or its sample dropped.
+LENGTH_KEEP_FLAGGED, LENGTH_DROP = "keep_flagged", "drop"
+LENGTH_POLICIES = (LENGTH_KEEP_FLAGGED, LENGTH_DROP)
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class GenerateSettings:
     temperature: float
     top_p: float
     max_user_turns: int
-    length_policy: str  # keep_flagged | drop
+    length_policy: str  # one of LENGTH_POLICIES
     thinking: bool
     seed: int
 
@@ -171,7 +174,7 @@ class _Conversation:
         if _is_empty(result.message):
             self._reject("empty_generation", detail)
         elif result.finish_reason == FINISH_LENGTH:
-            if self.settings.length_policy == "drop":
+            if self.settings.length_policy == LENGTH_DROP:
                 self._reject("length_cut", detail)
             else:
                 self._finish(ENDED_LENGTH, truncated=True)

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_COMPLETE, Manifest, read_jsonl
+from eagle3.artifacts import (
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    STATUS_COMPLETE,
+    Manifest,
+    read_jsonl,
+)
 from eagle3.generation.regenerate import Outcome
 
 log = logging.getLogger("eagle3")

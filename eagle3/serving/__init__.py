@@ -7,14 +7,20 @@ process group on any exit. `server_endpoints(cfg, run_dir)` is the one call stag
 """
 
 from eagle3.serving.commands import (
-    HEALTH_PATHS,
     ServerCommand,
     ServerConfigError,
     build_command,
     sglang_command,
     vllm_command,
 )
-from eagle3.serving.process import ServerError, ServerProcess, check_health, probe_health, server_endpoints
+from eagle3.serving.engines import HEALTH_PATHS
+from eagle3.serving.process import (
+    ServerError,
+    ServerProcess,
+    check_health,
+    probe_health,
+    server_endpoints,
+)
 
 __all__ = [
     "HEALTH_PATHS",

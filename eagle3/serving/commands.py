@@ -6,13 +6,13 @@ built for a draft directory that passed the checks an engine cannot do for us (F
 
 * `eagle3.draft.export.validate_export(draft, engine)`: an export written for this engine
   (its capture ids are numbered per engine), complete and untampered;
-* the EAGLE-vs-EAGLE3 guard of `eagle3.config.validate` (an EAGLE-3 draft served with
+* the EAGLE-vs-EAGLE3 guard of `eagle3.serving.rules` (an EAGLE-3 draft served with
   `--speculative-algorithm EAGLE` bypasses fc and accepts ~1.0 tokens per step), run again
   with the actual draft directory;
 * the layers the engine will capture for this draft (read where the engine reads them) are
   the model's capture layers, and the draft was trained for this target's depth, vocab, width.
 
-All server rules of `eagle3.config.validate` run again too, so a config that bypassed the
+All server rules (`eagle3.serving.rules`, which config validation runs too) run again, so a config that bypassed the
 entrypoint (another stage, a notebook) still cannot bind a public address. Every problem is
 reported at once, one line each.
 
@@ -46,13 +46,23 @@ from typing import Any, Optional, Union
 
 from omegaconf import DictConfig
 
-from eagle3.config.validate import SM120_MAX_MEM_FRACTION, server_errors
+from eagle3.config.checks import ConfigErrors
 from eagle3.errors import Eagle3Error
+from eagle3.serving.engines import (
+    CPU_PROFILE,
+    EAGLE3,
+    HEALTH_PATHS,
+    SGLANG,
+    SGLANG_MODULE,
+    SM120_ATTENTION_BACKEND,
+    SM120_MAX_MEM_FRACTION,
+    SM120_PROFILE,
+    VLLM,
+    VLLM_MODULE,
+)
+from eagle3.serving.rules import server_errors
 
 __all__ = [
-    "HEALTH_PATHS",
-    "SGLANG_MODULE",
-    "VLLM_MODULE",
     "ServerCommand",
     "ServerConfigError",
     "base_url",
@@ -63,11 +73,6 @@ __all__ = [
     "vllm_command",
 ]
 
-SGLANG_MODULE = "sglang.launch_server"
-VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-# Any one answering 200 means ready. SGLang's /health answers once the scheduler runs.
-HEALTH_PATHS = {"sglang": ("/health",), "vllm": ("/health", "/v1/models")}
-SM120_ATTENTION_BACKEND = "triton"
 IOMP_LIBRARY = Path("lib") / "libiomp5.so"
 DRAFT_KEY = "server.speculative.draft_path"
 
@@ -127,9 +132,10 @@ class ServerCommand:
 
 
 def _line(key: str, value: Any, why: str, valid: str) -> str:
-    # The format of eagle3.config.validate: `key: value -- why; valid: ...`.
-    shown = repr(value) if isinstance(value, str) else json.dumps(value)
-    return f"{key}: {shown} -- {why}; valid: {valid}"
+    """One error line in the shape of every config rule (`eagle3.config.checks`)."""
+    err = ConfigErrors()
+    err.add(key, value, why, valid)
+    return err.lines[0]
 
 
 def server_venv(python: str) -> Optional[Path]:
@@ -207,7 +213,7 @@ def _interpreter(server: DictConfig) -> str:
 
 def _common_env(cfg: DictConfig) -> dict[str, str]:
     env = {}
-    if cfg.paths.get("hf_cache"):
+    if cfg.paths.hf_cache:
         env["HF_HUB_CACHE"] = str(Path(cfg.paths.hf_cache).expanduser().absolute())
     return env
 
@@ -227,8 +233,8 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
         ServerConfigError: Every server/draft rule the config breaks, one line each.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(cfg, "sglang", draft)
-    sm120 = server.profile == "sm120"
+    draft = _checked(cfg, SGLANG, draft)
+    sm120 = server.profile == SM120_PROFILE
     kernels = server.kernels
     argv = [_interpreter(server), "-m", SGLANG_MODULE, "--model-path", str(model.path)]
     if model.revision:
@@ -271,12 +277,12 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
             argv += ["--speculative-attention-mode", str(spec.attention_mode)]
         if kernels.draft_attention_backend:
             argv += ["--speculative-draft-attention-backend", str(kernels.draft_attention_backend)]
-        if spec.algorithm == "EAGLE3" and spec.eagle_topk == 1:
+        if spec.algorithm == EAGLE3 and spec.eagle_topk == 1:
             env["SGLANG_ENABLE_SPEC_V2"] = "1"
     argv += [str(a) for a in server.extra_args]
     env.update(_common_env(cfg))
     env.update(_user_env(server))
-    return ServerCommand("sglang", argv, env, str(server.host), int(server.port), draft)
+    return ServerCommand(SGLANG, argv, env, str(server.host), int(server.port), draft)
 
 
 def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
@@ -290,7 +296,7 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCom
         ServerConfigError: Every server/draft rule the config breaks, one line each.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(cfg, "vllm", draft)
+    draft = _checked(cfg, VLLM, draft)
     argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
     if model.revision:
         argv += ["--revision", str(model.revision)]
@@ -309,12 +315,12 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCom
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", str(server.tool_call_parser)]
     spec = server.speculative
     if draft is not None:
-        method = "eagle3" if spec.algorithm == "EAGLE3" else "eagle"
+        method = str(spec.algorithm).lower()  # vLLM's method names: eagle3, eagle
         config = {"method": method, "model": draft, "num_speculative_tokens": int(spec.num_steps)}
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     argv += [str(a) for a in server.extra_args]
     env: dict[str, str] = {}
-    if server.profile == "cpu":
+    if server.profile == CPU_PROFILE:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(server.vllm_cpu_kvcache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         # With and without a draft: EAGLE-3 needs Intel's OpenMP runtime, and the target alone
@@ -329,15 +335,14 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCom
         env["LD_PRELOAD"] = str(venv / IOMP_LIBRARY)
     env.update(_common_env(cfg))
     env.update(_user_env(server))
-    return ServerCommand("vllm", argv, env, str(server.host), int(server.port), draft)
+    return ServerCommand(VLLM, argv, env, str(server.host), int(server.port), draft)
 
 
 def build_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
     """The command for `server.backend` (sglang or vllm); see `sglang_command`/`vllm_command`."""
+    builders = {SGLANG: sglang_command, VLLM: vllm_command}
     backend = cfg.server.backend
-    if backend == "sglang":
-        return sglang_command(cfg, draft)
-    if backend == "vllm":
-        return vllm_command(cfg, draft)
-    raise ServerConfigError([_line("server.backend", backend, "not a server the launcher runs",
-                                   "sglang, vllm (e.g. server=sglang)")])
+    if backend not in builders:
+        raise ServerConfigError([_line("server.backend", backend, "not a server the launcher runs",
+                                       f"{', '.join(builders)} (e.g. server=sglang)")])
+    return builders[backend](cfg, draft)

@@ -12,22 +12,18 @@ error is one line: what happened, the log file, and its last lines.
 
 `server_endpoints(cfg, run_dir)` is what stages use: with `server.urls` set it launches nothing
 and only checks each URL's health (connect mode); otherwise it builds the command from the
-config and runs it for the duration of the block. Standard library only.
+config and runs it for the duration of the block. HTTP through `eagle3.serving.http`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import deque
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, TextIO, Union
@@ -35,7 +31,9 @@ from typing import Iterator, Optional, Sequence, TextIO, Union
 from omegaconf import DictConfig
 
 from eagle3.errors import Eagle3Error
-from eagle3.serving.commands import HEALTH_PATHS, ServerCommand, build_command
+from eagle3.serving.commands import ServerCommand, build_command
+from eagle3.serving.engines import HEALTH_PATHS
+from eagle3.serving.http import HTTPFailure, request_sync
 
 __all__ = ["ServerError", "ServerProcess", "check_health", "probe_health", "server_endpoints"]
 
@@ -53,29 +51,13 @@ class ServerError(Eagle3Error):
         super().__init__(" ".join(str(message).split("\n")))
 
 
-def _is_loopback_url(url: str) -> bool:
-    host = urllib.parse.urlsplit(url).hostname or ""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _open(url: str, timeout: float):
-    # A launched server is on loopback: never send its health checks through an HTTP proxy
-    # from the environment (most no_proxy lists do not name 127.0.0.1).
-    handlers = [urllib.request.ProxyHandler({})] if _is_loopback_url(url) else []
-    return urllib.request.build_opener(*handlers).open(url, timeout=timeout)
-
-
 def probe_health(url: str, paths: Sequence[str], timeout: float = 2.0) -> Optional[str]:
     """The first of `paths` under `url` that answers 200, or None."""
     for path in paths:
         try:
-            with _open(url.rstrip("/") + path, timeout) as response:
-                if response.status == 200:
-                    return path
-        except (urllib.error.URLError, OSError, ValueError):
+            if request_sync("GET", url.rstrip("/") + path, timeout=timeout).status == 200:
+                return path
+        except (HTTPFailure, ValueError):  # ValueError: not a URL aiohttp can send to
             continue
     return None
 

@@ -3,7 +3,8 @@
 A stage is a plain callable `(cfg, ctx) -> list[Manifest]`: config and input manifests in,
 artifacts and one manifest per output unit out. `stage=all` runs CHAIN in order; a unit whose
 output is complete for the same inputs and config is skipped, so the chain is cheap to re-run.
-STANDALONE stages (`serve`, `bench`, `report`, `plan`) run only when named.
+STANDALONE stages (`serve`, `bench`, `report`, `plan`) run only when named. A stage may name
+config rules of its own (`rules`), which validation runs before any work when it is asked for.
 
 Entries name their module instead of importing it: stages pull in torch, transformers and
 datasets, and a mistyped stage name or `--cfg job` should answer in a fraction of a second.
@@ -13,11 +14,17 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
-__all__ = ["ALL", "CHAIN", "REGISTRY", "STANDALONE", "MissingInput", "RegisteredStage", "StageContext",
-           "UnitStage", "require", "stage_names", "stages_to_run"]
+__all__ = ["ALL", "CHAIN", "check_config", "REGISTRY", "STANDALONE", "MissingInput", "RegisteredStage", "StageContext",
+           "UnitStage", "require", "stage_names", "stage_rules", "stages_to_run"]
+
+
+def _resolve(target: str) -> Any:
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @dataclass(frozen=True)
@@ -26,10 +33,13 @@ class RegisteredStage:
 
     name: str
     target: str
+    rules: Optional[str] = None  # `module:function(cfg, errors)`, checked before this stage runs
 
     def load(self) -> UnitStage:
-        module, attr = self.target.split(":")
-        return getattr(importlib.import_module(module), attr)
+        return _resolve(self.target)
+
+    def load_rules(self) -> Optional[Callable]:
+        return None if self.rules is None else _resolve(self.rules)
 
     @property
     def help(self) -> str:
@@ -53,9 +63,9 @@ CHAIN: tuple[RegisteredStage, ...] = (
 )
 # Stages run on their own, never by `stage=all`.
 STANDALONE: tuple[RegisteredStage, ...] = (
-    RegisteredStage("serve", "eagle3.stages.serve:SERVE"),
-    RegisteredStage("bench", "eagle3.stages.bench:BENCH"),
-    RegisteredStage("report", "eagle3.stages.report:REPORT"),
+    RegisteredStage("serve", "eagle3.stages.serve:SERVE", rules="eagle3.serving.rules:check_serve"),
+    RegisteredStage("bench", "eagle3.stages.bench:BENCH", rules="eagle3.serving.rules:check_bench"),
+    RegisteredStage("report", "eagle3.stages.report:REPORT", rules="eagle3.sweeps.rules:check_report"),
     RegisteredStage("plan", "eagle3.stages.plan:PLAN"),
 )
 REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, *STANDALONE)}
@@ -70,3 +80,17 @@ def stage_names() -> list[str]:
 def stages_to_run(stage: str) -> list[RegisteredStage]:
     """The stages `stage=<name>` means (`all` = the chain)."""
     return list(CHAIN) if stage == ALL else [REGISTRY[stage]]
+
+
+def check_config(cfg: Any) -> list[str]:
+    """Every rule violation of a composed config, the rules of the stages it asks for included."""
+    from eagle3.config.validate import validate_config
+
+    return validate_config(cfg, stage_names(), stage_rules(str(cfg.stage)))
+
+
+def stage_rules(stage: str) -> list[Callable]:
+    """The config rules of the stages `stage=<name>` runs (none for an unknown name)."""
+    if stage != ALL and stage not in REGISTRY:
+        return []
+    return [rules for entry in stages_to_run(stage) if (rules := entry.load_rules()) is not None]

@@ -111,6 +111,11 @@ class StandaloneStage:
         return []  # nothing for later stages to reuse
 
 
+def mixture_unit(cfg: DictConfig) -> list[str]:
+    """The one unit of the stages from merge on: the whole mixture, named `dataset.name`."""
+    return [cfg.dataset.name]
+
+
 def require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> Manifest:
     """The complete output of `stage` for `unit`, or a MissingInput naming what to run."""
     where, manifest = stage.locate(cfg, ctx, unit)

@@ -16,7 +16,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.config.validate import SERVER_BACKENDS
+from eagle3.serving.engines import SERVER_BACKENDS
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
 log = logging.getLogger("eagle3")

@@ -13,6 +13,7 @@ from typing import Any, Iterator, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, file_sha256, progress
+from eagle3.demo.datasets import DEMO_NATIVE, DEMO_PROMPTS
 from eagle3.paths import asset_path
 from eagle3.stages.base import StageContext, UnitStage
 
@@ -38,7 +39,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
         "num_samples": src.num_samples,
         "seed": cfg.data.seed,
     }
-    if src.generator == "demo_native":
+    if src.generator == DEMO_NATIVE:
         config["target"] = _target_fingerprint()
     return config
 
@@ -52,7 +53,7 @@ def _records(generator: str, num_samples: int, seed: int, done: set) -> Iterator
     # commands (validation, --cfg) should not pay for.
     from eagle3.demo import datasets
 
-    if generator == "demo_prompts":
+    if generator == DEMO_PROMPTS:
         return datasets.demo_prompts_records(num_samples, seed)
     return datasets.demo_native_records(num_samples, seed, asset_path(DEMO_TARGET), skip_ids=done)
 

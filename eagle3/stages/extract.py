@@ -27,11 +27,12 @@ from eagle3.extract import formats
 from eagle3.extract.preflight import DiskSpaceError, plan_report
 from eagle3.extract.runner import KEYS_FILE, UnitJob, run_extraction
 from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name
+from eagle3.extract.target import check_geometry, load_target
 from eagle3.extract.writer import DiskFull
-from eagle3.extract.target import check_geometry, load_target, target_identity
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
-from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import MERGE
+from eagle3.target_info import weights_identity
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
@@ -41,7 +42,7 @@ EXIT_NO_SPACE = 4
 def store_spec(cfg: DictConfig) -> StoreSpec:
     """The store identity this config extracts into (no model load, no data)."""
     m = cfg.model
-    return StoreSpec(model=m.name, target=target_identity(m.path, m.revision, m.dtype),
+    return StoreSpec(model=m.name, target=weights_identity(m.path, m.revision, m.dtype),
                      capture_layers=tuple(int(i) for i in m.capture_layers),
                      storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size))
 
@@ -49,9 +50,6 @@ def store_spec(cfg: DictConfig) -> StoreSpec:
 def store_dir(cfg: DictConfig) -> Path:
     return Path(cfg.extract.store_root).expanduser().resolve() / store_spec(cfg).dirname
 
-
-def _units(cfg: DictConfig) -> list[str]:
-    return [cfg.dataset.name]
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -191,7 +189,7 @@ class ExtractStage(UnitStage):
 EXTRACT = ExtractStage(
     name="extract",
     help="target hidden states (capture layers + final norm) into the shared content-keyed store",
-    units=_units,
+    units=mixture_unit,
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,

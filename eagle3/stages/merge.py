@@ -15,17 +15,18 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, progress, read_jsonl
-from eagle3.data.mixture import Candidate, split_mixture, token_hash
-from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.data.mixture import (
+    EVAL_FILE,
+    TRAIN_FILE,
+    Candidate,
+    split_mixture,
+    token_hash,
+)
+from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
+from eagle3.stages.tokenize import TOKENIZED_FILE
 
-TOKENIZED_FILE = "tokenized_data.jsonl"
-TRAIN_FILE = "train.jsonl"
-EVAL_FILE = "eval.jsonl"
 FORMAT_VERSION = 1
 
-
-def _units(cfg: DictConfig) -> list[str]:
-    return [cfg.dataset.name]
 
 
 def _weights(cfg: DictConfig) -> dict[str, float]:
@@ -106,7 +107,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
 MERGE = UnitStage(
     name="merge",
     help="mix the tokenized sources: dedupe, fixed eval split, nested data scale",
-    units=_units,
+    units=mixture_unit,
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,

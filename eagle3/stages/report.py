@@ -2,9 +2,10 @@
 
 Standalone (not part of `stage=all`). `report.sweep_dir` names the sweep (a path, or a name under
 `${paths.root}/multirun`); null = the newest sweep there. Writes `sweep_report.{md,json}` and the
-plots (`eagle3.sweep_report`) into the sweep directory and the run directory, prints the table,
-and logs every job's row as metrics (step = job number) and the PNGs to the job's loggers -- with
-W&B in the sweep's group (the sweep directory's name, as the sweep's own jobs get).
+plots (`eagle3.sweeps.collect`, `eagle3.reports.sweep`) into the sweep directory and the run
+directory, prints the table, and logs every job's row as metrics (step = job number) and the
+PNGs to the job's loggers -- with W&B in the sweep's group (the sweep directory's name, as the
+sweep's own jobs get).
 
     python scripts/run.py stage=report                       # the newest sweep
     python scripts/run.py stage=report report.sweep_dir=outputs/multirun/2026-11-30_04-37-15
@@ -12,52 +13,27 @@ W&B in the sweep's group (the sweep directory's name, as the sweep's own jobs ge
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Mapping
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from eagle3.stages.base import StageContext, StandaloneStage
 
 log = logging.getLogger("eagle3")
 
 
-def _in_sweep_group(cfg: DictConfig, sweep: Path) -> DictConfig:
-    """`cfg` with `logger.group` = the sweep's name when the logger is W&B and has no group."""
-    if not str(OmegaConf.select(cfg, "logger._target_") or "").endswith("WandbLogger"):
-        return cfg
-    if OmegaConf.select(cfg, "logger.group"):
-        return cfg
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.logger.group = sweep.name
-    return cfg
-
-
-def _log(cfg: DictConfig, ctx: StageContext, report: Mapping[str, Any], files: Mapping[str, Path]) -> None:
-    from eagle3.sweep_report import PLOT_FILES, job_metrics, table
-    from eagle3.tracking import job_loggers
-
-    for logger in job_loggers(_in_sweep_group(cfg, Path(report["sweep_dir"])), ctx.run_dir):
-        for i, row in enumerate(report["jobs"]):
-            logger.log_metrics(job_metrics(row), step=row["job_num"] if row["job_num"] is not None else i)
-        if type(logger).__name__ == "WandbLogger":
-            header, body = table(report)
-            logger.log_table(key="report/jobs", columns=header, data=body)
-            for kind in PLOT_FILES:
-                logger.log_image(key=f"report/{kind}", images=[str(files[kind])])
-
-
 def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     """Write, print and log the sweep report; returns no manifests (nothing to reuse)."""
-    from eagle3.sweep_report import resolve_sweep_dir, table, write_sweep_report
+    from eagle3.reports.loggers import log_report
+    from eagle3.reports.sweep import PLOT_FILES, table
+    from eagle3.sweeps.collect import job_metrics, report_sweep, resolve_sweep_dir
+    from eagle3.tracking import job_loggers
 
     out = out or sys.stdout
     sweep = resolve_sweep_dir(cfg.report.sweep_dir, cfg.paths.root)
-    result, files = write_sweep_report(sweep, out_dirs=[ctx.run_dir], x=cfg.report.x)
+    result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=cfg.report.x)
     header, body = table(result)
     print("| " + " | ".join(header) + " |", file=out)
     for row in body:
@@ -65,7 +41,11 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     left_out = result["excluded_from_plots"]
     print(f"report: {len(result['jobs'])} jobs of {sweep}" + (f", {len(left_out)} not plotted" if left_out else "")
           + f"; {files['md']} (copy in {ctx.run_dir})", file=out, flush=True)
-    _log(cfg, ctx, result, files)
+    loggers = job_loggers(cfg, ctx.run_dir, group=Path(result["sweep_dir"]).name)  # W&B: the sweep's group
+    for i, row in enumerate(result["jobs"]):
+        log_report(loggers, job_metrics(row), step=row["job_num"] if row["job_num"] is not None else i)
+    log_report(loggers, images={f"report/{kind}": files[kind] for kind in PLOT_FILES},
+               tables={"report/jobs": (header, body)})
     return []
 
 

@@ -12,15 +12,12 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_path, progress, read_jsonl
-from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import EVAL_FILE, MERGE, TRAIN_FILE
 
 D2T_FILE = "d2t.pt"
 T2D_FILE = "t2d.pt"
 
-
-def _units(cfg: DictConfig) -> list[str]:
-    return [cfg.dataset.name]
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -50,7 +47,12 @@ def _save(tensor, path) -> None:
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     # torch/numpy load here, not at import: every CLI call imports the stage registry.
-    from eagle3.data.vocab import VocabMapping, count_masked_tokens, coverage, select_draft_tokens
+    from eagle3.data.vocab import (
+        VocabMapping,
+        count_masked_tokens,
+        coverage,
+        select_draft_tokens,
+    )
 
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
     target_vocab = cfg.model.vocab_size
@@ -76,7 +78,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
 VOCAB = UnitStage(
     name="vocab",
     help="draft vocabulary d2t/t2d from loss-masked train tokens, with coverage",
-    units=_units,
+    units=mixture_unit,
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,

@@ -1,11 +1,16 @@
-"""The generation-backend interface: what stage `generate` asks of a target, whatever serves it.
+"""The generation-backend interface and its types: what stage `generate` asks of a target.
+
+A leaf module (it imports only `eagle3.errors`): backends, the regeneration loop and the stage all speak these
+types, and `eagle3.generation.factory` maps `server.backend` names to implementations.
+
 
 The stage speaks in chat messages, not tokens, because that is what every serving engine speaks:
 an OpenAI-compatible server (vLLM, SGLang) takes `messages` + `tools` + chat-template kwargs and
 returns one assistant message already split by its reasoning and tool-call parsers, a finish
 reason and token usage. The in-process `hf` backend does the same work itself (render with the
 tokenizer's own template, generate, parse the Kimi format), so the stage cannot tell them apart;
-the HTTP client (`http_backend.HTTPBackend`) plugs in behind the same protocol.
+the HTTP client (`http_backend.HTTPBackend`) plugs in behind the same protocol. Each backend
+builds itself from the composed config (`from_config(cfg, urls)`).
 
 Determinism is part of the contract: a backend given the same requests in the same order with the
 same `SamplingParams.seed` returns the same results. The stage derives that seed from the batch's
@@ -17,8 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 
-from omegaconf import DictConfig
-
 from eagle3.errors import Eagle3Error
 
 __all__ = [
@@ -27,18 +30,15 @@ __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
     "FINISH_TOOL_CALLS",
-    "HTTP_BACKENDS",
     "BackendUnavailable",
     "GenerationBackend",
     "GenerationRequest",
     "GenerationResult",
     "SamplingParams",
-    "make_backend",
 ]
 
 #: OpenAI finish reasons: the turn ended with the end-of-turn token / hit max_new_tokens / called tools.
 FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS = "stop", "length", "tool_calls"
-HTTP_BACKENDS = ("vllm", "sglang")
 #: `GenerationResult.error` values: the prompt does not fit the model's context (the stage keeps
 #: the turns answered so far) / the request failed for good after its retries (the stage
 #: rejects the conversation with this reason and `error_detail`).
@@ -117,6 +117,16 @@ class GenerationBackend(Protocol):
 
     name: str
 
+    @classmethod
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "GenerationBackend":
+        """The backend for a composed config (nothing loaded or connected yet).
+
+        Args:
+            cfg: The composed config (`server`, `model`, `generate.http`).
+            urls: Base URLs of running servers, for the HTTP backends (None = `server.urls`).
+        """
+        ...
+
     def describe(self) -> dict[str, Any]:
         """Plain data naming the backend and model, for the stage manifest."""
         ...
@@ -128,36 +138,3 @@ class GenerationBackend(Protocol):
     def close(self) -> None:
         """Release the model or the server connection."""
         ...
-
-
-def make_backend(cfg: DictConfig, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
-    """The generation backend `cfg.server.backend` names (nothing loaded or connected yet).
-
-    Args:
-        cfg: The composed config (`server`, `model`, `generate.http`).
-        urls: For `vllm` / `sglang`: base URLs of running OpenAI-compatible servers. This is the
-            hook for a launcher that starts the servers itself and knows their addresses; None
-            means `cfg.server.urls` (servers started by someone else).
-
-    Raises:
-        BackendUnavailable: For `vllm` / `sglang` without any URL to talk to.
-        ValueError: For an unknown backend name (validation normally catches it first).
-    """
-    backend = cfg.server.backend
-    if backend == "hf":
-        from eagle3.generation.hf_backend import HFBackend
-
-        model = cfg.model
-        return HFBackend(path=str(model.path), revision=model.revision, dtype=str(model.dtype),
-                         trust_remote_code=bool(model.trust_remote_code))
-    if backend in HTTP_BACKENDS:
-        urls = [str(u) for u in (urls if urls is not None else cfg.server.urls)]
-        if not urls:
-            raise BackendUnavailable(
-                f"server.backend={backend}: no server to talk to; set server.urls=[http://HOST:PORT,...] to "
-                f"running {backend} servers (stage generate launches one itself when they are not set), "
-                "or use server=hf (in-process transformers)")
-        from eagle3.generation.http_backend import HTTPBackend
-
-        return HTTPBackend.from_config(cfg, urls)
-    raise ValueError(f"server.backend={backend!r} is not a generation backend; valid: hf, {', '.join(HTTP_BACKENDS)}")

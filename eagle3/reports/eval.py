@@ -1,26 +1,26 @@
-"""The eval stage's report files: JSON (the record), Markdown (for a human), a PNG (acceptance).
+"""The eval stage's report: JSON (the record), Markdown (for a human), a PNG (acceptance).
 
-The report dict (what `stages/eval.py` assembles; every key optional):
+The report dict (what `eagle3.draft.evaluate` assembles; every key optional):
 
 * `real`: `speculative.evaluate_speculative`'s result, `{str(K): {...}}` (`per_k` is accepted too);
 * `simulated`: TTT metrics on held-out data (`pooled_eval.evaluate_pooled`): `acc` (top-1
   agreement per step), `sim_accept_len`, optionally `sim_accept_len_by_k` (`{K: value}`). The
   simulated accept length at K drafted tokens is `sim_accept_len_by_k[K]` when present, else
-  `1 + sum_{k<K} prod_{j<=k} acc_j` (`ttt.simulated_accept_length(acc[:K])`);
+  `1 + sum_{k<K} prod_{j<=k} acc_j` (`acceptance.simulated_accept_length(acc[:K])`);
 * anything else (dataset, draft path, prompt ids) is kept in the JSON as is.
 """
 
 from __future__ import annotations
 
-import io
-import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from eagle3.artifacts import atomic_write_bytes, atomic_write_json, atomic_write_text
-from eagle3.draft.ttt import simulated_accept_length
+from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.reports.figures import new_figure, png_bytes
+from eagle3.reports.files import write_report_files
+from eagle3.reports.text import fmt as _fmt
 
-__all__ = ["REPORT_FILES", "render_markdown", "write_eval_report"]
+__all__ = ["REPORT_FILES", "metrics", "render_markdown", "write_eval_report"]
 
 REPORT_FILES = {"json": "eval_report.json", "md": "eval_report.md", "png": "acceptance.png"}
 
@@ -64,16 +64,6 @@ def _simulated_at(report: Mapping[str, Any], k: int) -> tuple[float | None, bool
     return None, True
 
 
-def _fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, bool):
-        return "yes" if x else "NO"
-    if isinstance(x, float):
-        return ("nan" if math.isnan(x) else f"{x:.{digits}f}") + suffix
-    return f"{x}{suffix}"
-
-
 def render_markdown(report: Mapping[str, Any]) -> str:
     """A short table per K: accept length (real, simulated), speedup, tokens/s, lossless."""
     real = _real(report)
@@ -113,11 +103,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 
 def _plot(report: Mapping[str, Any]) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg canvas: no pyplot, no display
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.0, 4.0), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot(1, 1, 1)
     for key, row in _real(report).items():
         rates = [float(r) for r in row.get("acceptance_rate") or []]
@@ -135,9 +121,7 @@ def _plot(report: Mapping[str, Any]) -> bytes:
     ax.set_title("Per-position acceptance")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return png_bytes(fig)
 
 
 def write_eval_report(report: dict, out_dir) -> dict[str, Path]:
@@ -146,15 +130,15 @@ def write_eval_report(report: dict, out_dir) -> dict[str, Path]:
     Returns:
         `{"json": path, "md": path, "png": path}`.
     """
-    return write_report_files(out_dir, REPORT_FILES, report, render_markdown(report), _plot(report))
+    return write_report_files(out_dir, REPORT_FILES, report, render_markdown(report), {"png": _plot(report)})
 
 
-def write_report_files(out_dir, names: dict[str, str], report: dict, markdown: str, png: bytes) -> dict[str, Path]:
-    """The JSON / markdown / PNG trio every report stage writes, atomically; `names` maps json/md/png to file names."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {kind: out / name for kind, name in names.items()}
-    atomic_write_json(paths["json"], report)
-    atomic_write_text(paths["md"], markdown)
-    atomic_write_bytes(paths["png"], png)
-    return paths
+def metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """The report's figures as flat metrics for the job's loggers (`eval/...`)."""
+    flat = {"eval/sim_accept_len": report["simulated"]["sim_accept_len"]}
+    for k, acc in enumerate(report["simulated"]["acc"]):
+        flat[f"eval/sim_acc_{k}"] = acc
+    for key, res in report.get("real", {}).items():
+        flat[f"eval/real_accept_len_k{key}"] = res["accept_length"]
+        flat[f"eval/speedup_k{key}"] = res["speedup"]
+    return flat

@@ -1,6 +1,6 @@
 """Hydra callbacks for sweeps.
 
-`ReportOnSweepEnd` writes the sweep report (`eagle3.sweep_report`: `sweep_report.{md,json}` and
+`ReportOnSweepEnd` writes the sweep report (`eagle3.sweeps.collect`: `sweep_report.{md,json}` and
 plots) into `hydra.sweep.dir` when a multirun ends -- files only, no experiment logger -- also
 when a job failed (Hydra then skips `on_multirun_end`; the report lists the failure). Enable it
 in an experiment YAML (or on the command line with `+hydra.callbacks...`):
@@ -31,7 +31,7 @@ class ReportOnSweepEnd(Callback):
     """At the end of a multirun, write the sweep report into the sweep directory.
 
     Args:
-        x: x axis of the τ plot (see `eagle3.sweep_report.build_report`); None = data scale.
+        x: x axis of the τ plot (see `eagle3.sweeps.collect.build_report`); None = data scale.
     """
 
     def __init__(self, x: Optional[str] = None) -> None:
@@ -55,10 +55,10 @@ class ReportOnSweepEnd(Callback):
             self._write(sweep)
 
     def _write(self, sweep: Path) -> None:
-        from eagle3.sweep_report import write_sweep_report
+        from eagle3.sweeps.collect import report_sweep
 
         try:
-            _, files = write_sweep_report(sweep, x=self.x)
+            _, files = report_sweep(sweep, x=self.x)
         except Exception as exc:  # a report must never turn a finished sweep into a failed one
             log.warning("sweep report not written: %s: %s", type(exc).__name__, exc)
             return

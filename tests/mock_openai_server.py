@@ -1,4 +1,4 @@
-"""A small OpenAI-compatible chat server for tests and the client benchmark (not a model).
+"""A small OpenAI-compatible chat server for tests and the client benchmark (a test fake, not a model).
 
 It answers `/v1/chat/completions` the way vLLM/SGLang do with their reasoning and tool-call
 parsers on: an assistant message with `reasoning_content` (or `reasoning`, as newer vLLM names
@@ -12,7 +12,9 @@ timeout; a few requests fail on every attempt. `reset()` forgets the attempt cou
 against the same server sees the same schedule as a fresh one.
 
 Runs in a background thread of the calling process (`MockChatServer(...).start()`), or as its
-own process for benchmarks: `python -m eagle3.generation.mock_server --trivial --port 8000`.
+own process for benchmarks: `python -m tests.mock_openai_server --trivial --port 8000` (from the
+repository root; `scripts/bench_http_client.py` starts it that way). It lives with the tests, not
+in the product package: it is fault injection, never a stand-in for a server.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every figure carries its *basis* (measured in a manifest, asked for in the confi
 bound, derived from an assumption, unknown), because a plan that mixes measured and assumed
 numbers without saying which is worse than none: the original effort learnt the size of its
 ~9 TB store from a full disk. This module is plain arithmetic on numbers it is given (no config,
-no disk reads except the preflight's free-space check); `eagle3.stages.plan` gathers the inputs.
+no disk reads except the preflight's free-space check); `eagle3.planning.chain` gathers the inputs.
 The store's bytes come from `eagle3.extract.preflight` (which uses `formats.bytes_per_token`), so
 the plan and the extract stage's own preflight can never disagree.
 """

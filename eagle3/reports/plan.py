@@ -1,4 +1,4 @@
-"""Text and markdown renderings of `stage=plan`'s data (`eagle3.stages.plan.build_plan`).
+"""Text and markdown renderings of `stage=plan`'s data (`eagle3.planning.chain.build_plan`).
 
 Both render the plain data that goes to plan.json, never the live objects, so what is printed,
 what plan.md says and what plan.json holds cannot drift apart.

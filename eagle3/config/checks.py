@@ -1,0 +1,50 @@
+"""The collector every config rule writes into: one line `key: value -- why; valid: ...` each.
+
+A leaf (no eagle3 imports), so the rules can live beside what they check (`eagle3.serving.rules`
+for servers, `eagle3.config.validate` for the rest) and all report in the same shape, at once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Optional
+
+from omegaconf import OmegaConf
+
+
+def format_value(value: Any) -> str:
+    """A config value as the error line shows it (strings quoted, containers as JSON)."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=False)
+    return json.dumps(value) if not isinstance(value, str) else repr(value)
+
+
+class ConfigErrors:
+    """Accumulates rule violations; `lines` holds one line each, in the order found."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, key: str, value: Any, why: str, valid: Optional[str] = None) -> None:
+        line = f"{key}: {format_value(value)} -- {why}"
+        if valid:
+            line += f"; valid: {valid}"
+        self.lines.append(line)
+
+    def choice(self, key: str, value: Any, choices: Iterable[Any], allow_none: bool = False) -> None:
+        choices = tuple(choices)
+        if value is None and allow_none:
+            return
+        if value not in choices:
+            valid = ", ".join(str(c) for c in choices) + (", null" if allow_none else "")
+            self.add(key, value, "not a known choice", valid)
+
+    def positive(self, key: str, value: Any, allow_none: bool = False) -> None:
+        if value is None and allow_none:
+            return
+        if value is None or value <= 0:
+            self.add(key, value, "must be a positive number", "> 0")
+
+    def not_negative(self, key: str, value: Any, valid: str = ">= 0") -> None:
+        if value is not None and value < 0:
+            self.add(key, value, "cannot be negative", valid)

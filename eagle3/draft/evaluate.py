@@ -1,0 +1,89 @@
+"""How good a trained draft is, on the weights a server would load: simulated and real acceptance.
+
+(a) Simulated: per-step top-1 agreement of the exported draft with the target on the eval
+split's stored states, and `1 + sum prod acc` (`pooled_eval`). (b) Real: greedy speculative
+decoding in-process with the HF target on held-out prompts, chain drafting of K tokens for each
+K (`speculative`), tokens per target forward, speedup over plain greedy decoding, and whether
+the output equals plain greedy decoding token for token (it must).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+__all__ = ["LossyDecoding", "load_eval_draft", "real_acceptance", "simulated_acceptance"]
+
+
+class LossyDecoding(RuntimeError):
+    """Speculative decoding differed from greedy decoding: a bug, never a result."""
+
+
+def load_eval_draft(export_dir: Path, target_path: str, *, revision: Optional[str], cache_dir: Optional[str],
+                    text_config_key: Optional[str]) -> tuple[Any, Any, torch.Tensor]:
+    """`(geometry, draft, target lm_head)`: the exported draft with the target's embedding put back.
+
+    Exports leave the frozen embedding out (the engines take the target's); the draft is run
+    here in float32 on the CPU.
+    """
+    from eagle3.draft.export import load_exported
+    from eagle3.draft.target_weights import load_embedding_and_head
+
+    geometry, _, draft = load_exported(export_dir)
+    embed, head = load_embedding_and_head(target_path, revision=revision, cache_dir=cache_dir,
+                                          text_config_key=text_config_key)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed)
+    return geometry, draft, head
+
+
+def simulated_acceptance(geometry: Any, draft: Any, head: torch.Tensor, train_cfg: dict[str, Any],
+                         eval_set: Any, ks: Sequence[int], batch_tokens: int) -> dict[str, Any]:
+    """Per-step agreement on the eval split, over max(train steps, max K) steps (`pooled_eval`)."""
+    from eagle3.draft.lightning_module import DraftModule
+    from eagle3.draft.pooled_eval import evaluate_pooled
+
+    train_cfg = {**train_cfg, "ttt_steps": max(int(train_cfg["ttt_steps"]), max(int(k) for k in ks))}
+    module = DraftModule(geometry, head, train_cfg)
+    module.draft.load_state_dict(draft.state_dict())
+    return evaluate_pooled(module, eval_set, batch_tokens=batch_tokens)
+
+
+def _eos_ids(model: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None]
+
+
+def real_acceptance(target_path: str, draft: Any, prompts: Sequence[Sequence[int]], *, ks: Sequence[int],
+                    max_new_tokens: int, capture_layers: Sequence[int], check_lossless: bool,
+                    revision: Optional[str], trust_remote_code: bool, cache_dir: Optional[str]) -> dict[str, Any]:
+    """Greedy speculative decoding of `prompts` with the HF target at each K (`speculative`).
+
+    Raises:
+        LossyDecoding: With `check_lossless`, an output differed from plain greedy decoding.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from eagle3.draft.speculative import evaluate_speculative
+
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32, revision=revision,
+                                                  trust_remote_code=trust_remote_code, cache_dir=cache_dir).eval()
+    threads = torch.get_num_threads()
+    if not torch.cuda.is_available():
+        # Batch-1 decoding of a small model: per-op work is tiny, and extra CPU threads only add
+        # synchronisation (measured 75x slower with 2 threads when another job shares the cores).
+        torch.set_num_threads(1)
+    try:
+        real = evaluate_speculative(target, draft.eval(), list(prompts), ks=tuple(int(k) for k in ks),
+                                    max_new_tokens=int(max_new_tokens), eos_ids=_eos_ids(target),
+                                    capture_layers=list(capture_layers), check_lossless=check_lossless)
+    finally:
+        torch.set_num_threads(threads)
+    lossy = [k for k, res in real.items() if check_lossless and not res["lossless"]]
+    if lossy:
+        raise LossyDecoding(f"speculative decoding differed from greedy decoding at K={lossy}: a bug")
+    return real

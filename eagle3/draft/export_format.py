@@ -1,0 +1,315 @@
+"""What an EAGLE-3 draft export is: the config the engines read, its tensors, and the checks.
+
+An export is `config.json` + `model.safetensors` (never pickle). The two engines read the same
+tensor names but the capture ids in different places and with different numbering, and a
+wrong or missing id is silent: the engine falls back to its default capture layers, or
+captures a neighbouring layer, and acceptance collapses. So an export is written for one
+engine, says so in an `eagle3` metadata block, and is validated both when written and when
+read (`eagle3.draft.export` writes and reads; the rules live here). Ids are converted only
+through `eagle3.layer_ids`.
+
+What the engines read (sources read for this file):
+
+* SGLang, `python/sglang/srt/model_executor/model_runner.py`: the aux ids from
+  `eagle_config["eagle_aux_hidden_state_layer_ids"]` only (+1 applied internally; missing ->
+  default capture) and `eagle_config["use_aux_hidden_state"]`.
+  `python/sglang/srt/models/llama_eagle3.py`: `architectures`, `num_hidden_layers`,
+  `hidden_size`, heads/`head_dim`, `intermediate_size`, `hidden_act`, `rms_norm_eps`, rope
+  fields, `vocab_size` (embedding rows), `draft_vocab_size` (None -> lm_head borrowed from the
+  target), `tie_word_embeddings` (true -> lm_head = embedding), `target_hidden_size` (fc is
+  `Linear(3 * target_hidden_size, hidden_size)`); `d2t` -> hot token ids, `t2d` skipped.
+  `python/sglang/srt/speculative/eagle_worker.py` + `models/llama.py`: the target's embedding
+  replaces the draft's unless `target_hidden_size != hidden_size`.
+* vLLM, `vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`: the aux ids from the TOP
+  LEVEL `eagle_aux_hidden_state_layer_ids` of the draft config, used as written (some versions'
+  `vllm/v1/worker/gpu_model_runner.py` fall back to `eagle_config`; the top level is the key
+  every version reads). `vllm/transformers_utils/configs/eagle.py`: every top-level key of the
+  draft config is kept. `vllm/model_executor/models/llama_eagle3.py`: the Llama fields above,
+  `target_hidden_size` (fc is `3 * target_hidden_size` wide), `eagle_config.use_aux_hidden_state`,
+  `norm_before_residual`, `attention_bias`/`mlp_bias`, `draft_vocab_size`; `midlayer.` is
+  renamed to `layers.0.`, `d2t` becomes `draft_id_to_target_id`, `t2d` is skipped and
+  `embed_tokens` is optional (the target's is shared when absent).
+
+The vLLM export deliberately does not repeat its ids inside `eagle_config`: SGLang reads
+only that place and would add 1 to them, whereas without them it falls back to its default
+capture, which is the usual `[2, L//2, L-3]`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+
+from eagle3.draft.geometry import DraftGeometry
+from eagle3.dtypes import DTYPES, torch_dtype
+from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+METADATA_KEY = "eagle3"
+FORMAT_VERSION = 1
+#: Both engines build fc as Linear(3 * target_hidden_size, hidden_size): exactly 3 captures.
+ENGINE_NUM_CAPTURES = 3
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+EMBED_KEY = "embed_tokens.weight"
+# safetensors' dtype spelling, used for both in-memory and on-disk checks.
+SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+                     torch.int64: "I64", torch.bool: "BOOL"}
+INDEX_DTYPES = {"d2t": "I64", "t2d": "BOOL"}
+
+StateDict = Mapping[str, torch.Tensor]
+
+
+class ExportError(ValueError):
+    """A draft export that an engine would refuse or, worse, serve wrongly; one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split("\n")))
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    """What `validate_export` established about an export directory."""
+
+    path: Path
+    engine: str
+    geometry: DraftGeometry
+    dtype: str
+    include_embedding: bool
+    config: dict
+
+
+# --------------------------------------------------------------------------------------------
+# What an export must contain
+
+
+def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
+    """Every tensor an export may hold and its shape; `embed_tokens.weight` is optional.
+
+    Written out rather than read off `Eagle3Draft(g)`, so a Kimi-sized geometry is checked
+    without allocating its 163840 x 7168 embedding, and so the model's names are pinned.
+    """
+    h = g.hidden_size
+    q = g.num_attention_heads * g.head_dim
+    kv = g.num_key_value_heads * g.head_dim
+    return {
+        EMBED_KEY: (g.vocab_size, h),
+        "fc.weight": (h, g.fc_in_features),  # [H, C * H_target]
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),  # reads cat(embed, hidden) [.., 2H]
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.mlp.gate_proj.weight": (g.intermediate_size, h),
+        "midlayer.mlp.up_proj.weight": (g.intermediate_size, h),
+        "midlayer.mlp.down_proj.weight": (h, g.intermediate_size),
+        "norm.weight": (h,),
+        "lm_head.weight": (g.draft_vocab_size, h),
+        "d2t": (g.draft_vocab_size,),  # offsets: target id = i + d2t[i]
+        "t2d": (g.vocab_size,),  # bool: target id in the draft vocab
+    }
+
+
+def required_keys(g: DraftGeometry, include_embedding: bool) -> list[str]:
+    return [k for k in expected_shapes(g) if k != EMBED_KEY or include_embedding]
+
+
+def _target_hidden(g: DraftGeometry) -> int:
+    return g.fc_in_features // max(len(g.capture_layers), 1)
+
+
+def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
+                  include_embedding: bool = False, extra_metadata: Optional[Mapping] = None,
+                  weights_sha256: Optional[str] = None) -> dict[str, Any]:
+    """The `config.json` of an export for `engine` (see the module docstring for sources).
+
+    Args:
+        g: The draft geometry; the source of every field.
+        engine: "sglang" or "vllm"; decides where the aux ids go and how they are numbered.
+        dtype: Weight dtype name written as `torch_dtype`/`dtype`.
+        include_embedding: Recorded so a reader knows whether `embed_tokens` must be present.
+        extra_metadata: Free-form JSON recorded under `eagle3.extra`.
+        weights_sha256: Checksum of `model.safetensors`, recorded so a reader can detect a
+            weights file swapped or truncated after export.
+    """
+    ids = engine_aux_layer_ids(g.capture_layers, engine)
+    eagle_config: dict[str, Any] = {"use_aux_hidden_state": True}
+    cfg: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": g.hidden_size,
+        "num_attention_heads": g.num_attention_heads,
+        "num_key_value_heads": g.num_key_value_heads,
+        "head_dim": g.head_dim,
+        "intermediate_size": g.intermediate_size,
+        "hidden_act": g.hidden_act,
+        "rms_norm_eps": g.rms_norm_eps,
+        "rope_theta": g.rope_theta,
+        "rope_scaling": g.rope_scaling,
+        # transformers >= 5 spelling of the same rope; 4.x keeps it as an inert attribute.
+        "rope_parameters": {"rope_type": "default", "rope_theta": g.rope_theta},
+        "max_position_embeddings": g.max_position_embeddings,
+        "vocab_size": g.vocab_size,  # the TARGET vocab: embedding rows, t2d length
+        "draft_vocab_size": g.draft_vocab_size,
+        "target_hidden_size": _target_hidden(g),  # both engines: fc = 3 * target_hidden_size
+        "tie_word_embeddings": False,  # SGLang would make lm_head the embedding
+        "attention_bias": False,
+        "mlp_bias": False,
+        "norm_before_residual": False,  # vLLM: residual = hidden before hidden_norm (our model)
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        "eagle_config": eagle_config,
+    }
+    if engine == "sglang":
+        eagle_config[IDS_KEY] = ids  # model_runner.py reads only eagle_config[...] and adds 1
+    else:
+        cfg[IDS_KEY] = ids  # eagle3_utils.py reads the top level, as written
+    cfg[METADATA_KEY] = {
+        "format_version": FORMAT_VERSION,
+        "engine": engine,
+        "capture_layers": list(g.capture_layers),
+        "dtype": dtype,
+        "include_embedding": bool(include_embedding),
+        "geometry": g.to_dict(),
+        "weights": {"file": WEIGHTS_NAME, "sha256": weights_sha256},
+        "extra": dict(extra_metadata or {}),
+    }
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# Checks shared by write and read
+
+
+def check_choice(key: str, value: Any, choices, where: str) -> None:
+    if value not in choices:
+        raise ExportError(f"{where}: {key}: found {value!r}, expected one of {', '.join(choices)}")
+
+
+def check_engine_and_dtype(engine: Any, dtype: Any, where: str) -> None:
+    check_choice("engine", engine, ENGINES, where)
+    check_choice("dtype", dtype, DTYPES, where)  # eagle3.dtypes: the names configs use
+
+
+def check_geometry(g: DraftGeometry, engine: str, include_embedding: bool, where: str) -> None:
+    """Geometries the engines cannot serve as trained, refused before anything is written."""
+    capture = list(g.capture_layers)
+    key = f"{METADATA_KEY}.geometry"
+    if len(capture) != ENGINE_NUM_CAPTURES:
+        raise ExportError(f"{where}: {key}.capture_layers: found {len(capture)} layers {capture}, expected "
+                          f"{ENGINE_NUM_CAPTURES} (SGLang and vLLM build fc as "
+                          "Linear(3 * target_hidden_size, H))")
+    if g.fc_in_features != len(capture) * _target_hidden(g):
+        raise ExportError(f"{where}: {key}.fc_in_features: found {g.fc_in_features}, expected a multiple of "
+                          f"len(capture_layers)={len(capture)} (one target hidden state per captured layer)")
+    ids = engine_aux_layer_ids(capture, engine)
+    if capture != sorted(set(capture)) or min(ids) < 0 or max(capture) >= g.target_num_layers:
+        raise ExportError(f"{where}: {key}.capture_layers: found {capture} ({engine} ids {ids}), expected "
+                          f"strictly increasing captures < target_num_layers={g.target_num_layers} "
+                          f"with {engine} ids >= 0")
+    if g.hidden_act != "silu":
+        raise ExportError(f"{where}: {key}.hidden_act: found {g.hidden_act!r}, expected 'silu' "
+                          "(the draft MLP is SiLU-gated; the engine would apply the written activation)")
+    if g.rope_scaling is not None:
+        raise ExportError(f"{where}: {key}.rope_scaling: found {json.dumps(g.rope_scaling)}, expected null "
+                          "(the draft trains with plain rope; the engine would apply the scaling)")
+    if g.draft_vocab_size > g.vocab_size:
+        raise ExportError(f"{where}: {key}.draft_vocab_size: found {g.draft_vocab_size}, expected "
+                          f"<= vocab_size={g.vocab_size}")
+    if not include_embedding and g.hidden_size != _target_hidden(g):
+        raise ExportError(f"{where}: {EMBED_KEY}: not included, expected it because hidden_size="
+                          f"{g.hidden_size} != target hidden {_target_hidden(g)} (engines share the "
+                          "target's embedding only at equal width); export with include_embedding=True")
+
+
+def check_tensor_specs(specs: Mapping[str, tuple[tuple[int, ...], str]], g: DraftGeometry, dtype: str,
+                        include_embedding: bool, where: str) -> None:
+    """Key set, shapes and dtypes of the tensors, from `{name: (shape, safetensors dtype)}`."""
+    shapes = expected_shapes(g)
+    required = required_keys(g, include_embedding)
+    for key in required:
+        if key not in specs:
+            raise ExportError(f"{where}: {key}: missing, expected shape {list(shapes[key])}")
+    for key in sorted(specs):
+        if key not in required:
+            why = "include_embedding is false" if key == EMBED_KEY else "not a tensor of an EAGLE-3 draft"
+            raise ExportError(f"{where}: {key}: unexpected tensor ({why})")
+    weight_dtype = SAFETENSORS_DTYPE[torch_dtype(dtype)]
+    for key in required:
+        shape, found_dtype = specs[key]
+        if tuple(shape) != shapes[key]:
+            raise ExportError(f"{where}: {key}: found shape {list(shape)}, expected {list(shapes[key])}")
+        want = INDEX_DTYPES.get(key, weight_dtype)
+        if found_dtype != want:
+            raise ExportError(f"{where}: {key}: found dtype {found_dtype}, expected {want}")
+
+
+def check_vocab_maps(d2t: torch.Tensor, t2d: torch.Tensor, g: DraftGeometry, where: str) -> None:
+    """The ids `i + d2t[i]` must be distinct, in range, and exactly the True entries of t2d.
+
+    Engines use d2t alone to place draft logits into the target vocab; t2d is what training
+    masked with. If they disagree the draft is served a different vocabulary than it learned.
+    """
+    ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)  # [draft_vocab]
+    outside = ((ids < 0) | (ids >= g.vocab_size)).nonzero()
+    if outside.numel():
+        i = int(outside[0])
+        raise ExportError(f"{where}: d2t: draft id {i} maps to target id {int(ids[i])}, expected an id in "
+                          f"[0, {g.vocab_size})")
+    if torch.unique(ids).numel() != ids.numel():
+        repeats = ids.numel() - torch.unique(ids).numel()
+        raise ExportError(f"{where}: d2t: found {repeats} repeated target ids, "
+                          "expected each draft id to map to its own target id")
+    unmarked = (~t2d[ids]).nonzero()
+    if unmarked.numel():
+        i = int(unmarked[0])
+        raise ExportError(f"{where}: d2t/t2d: draft id {i} maps to target id {int(ids[i])}, which t2d marks "
+                          "False; expected t2d True exactly at the targets of d2t")
+    marked = int(t2d.sum())
+    if marked != ids.numel():
+        raise ExportError(f"{where}: t2d: found {marked} target ids marked True, expected {ids.numel()} "
+                          "(exactly the targets of d2t)")
+
+
+def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+_MISSING = object()
+
+
+def check_config(cfg: Mapping[str, Any], info: ExportInfo, where: str) -> None:
+    """Every field the engine reads must say what the recorded geometry says.
+
+    The engine builds the draft from these top-level fields, our loader from the geometry;
+    a hand edit to one of them would make the two disagree without any load error.
+    """
+    meta = cfg[METADATA_KEY]
+    want = engine_config(info.geometry, info.engine, dtype=info.dtype,
+                         include_embedding=info.include_embedding, extra_metadata=meta.get("extra"),
+                         weights_sha256=(meta.get("weights") or {}).get("sha256"))
+    want.pop(METADATA_KEY)
+    found = _flatten({k: v for k, v in cfg.items() if k != METADATA_KEY})
+    for key, value in _flatten(want).items():
+        got = found.get(key, _MISSING)
+        if got != value:
+            shown = "missing" if got is _MISSING else json.dumps(got)
+            hint = ""
+            if key.endswith(IDS_KEY):
+                rule = "capture - 1" if info.engine == "sglang" else "capture as written"
+                hint = f" ({info.engine} reads {rule}; capture_layers {list(info.geometry.capture_layers)})"
+            raise ExportError(f"{where}: {key}: found {shown}, expected {json.dumps(value)}{hint}")

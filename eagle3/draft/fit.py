@@ -1,0 +1,143 @@
+"""Training the EAGLE-3 draft with Lightning: the model, data and trainer of one train unit.
+
+`fit_draft` builds `DraftModule` (the draft with the K-step training-time test), the
+token-budget data module over the hidden-state store and the Trainer, and fits, resuming from
+`checkpoints/last.ckpt` when a killed run left one (weights, AdamW state, LR schedule, step and
+the position inside the epoch are all in it). `export_engines` writes the trained draft for
+each serving engine. Stage `train` is the wiring around these.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.draft.geometry import geometry_from_target
+from eagle3.draft.options import AUTO_PRECISION
+from eagle3.serving.engines import ENGINES
+from eagle3.target_info import read_config, resolve_dir
+
+__all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
+           "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision"]
+
+log = logging.getLogger("eagle3")
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+FIT_SUMMARY = "fit_summary.json"
+
+
+def draft_geometry(cfg: DictConfig):
+    """The draft geometry for this config, from the target's config.json."""
+    m = cfg.model
+    target_cfg = read_config(resolve_dir(m.path, m.revision, cfg.paths.hf_cache), m.text_config_key)
+    return geometry_from_target(target_cfg, m.capture_layers, int(m.draft.vocab_size),
+                                OmegaConf.to_container(m.draft, resolve=True))
+
+
+def load_vocab_maps(d2t_file: Path, t2d_file: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """`d2t` (int64 offsets) and `t2d` (bool) from the vocab stage's files, loaded tensors-only."""
+    d2t = torch.load(d2t_file, weights_only=True)
+    t2d = torch.load(t2d_file, weights_only=True)
+    return d2t.long(), t2d.bool()
+
+
+def resolve_precision(precision: str) -> str:
+    """`auto` = bf16-mixed on a GPU, 32-true on CPU (bf16 matmuls on CPU are slow and lossy)."""
+    if precision != AUTO_PRECISION:
+        return precision
+    return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+
+
+def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list):
+    """The Lightning Trainer of `train.*`: checkpoints every N steps and `last.ckpt`, atomic writes."""
+    import lightning as L
+    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+
+    from eagle3.draft.checkpoint_io import AtomicCheckpointIO
+
+    every = int(t.checkpoint_every_n_steps)
+    checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step{step}", auto_insert_metric_name=False,
+                                 every_n_train_steps=every if every > 0 else None, save_last=True, save_top_k=1,
+                                 save_on_train_epoch_end=True)
+    all_callbacks = [*callbacks, checkpoint]
+    if loggers:
+        all_callbacks.append(LearningRateMonitor(logging_interval="step"))
+    devices = t.devices if not isinstance(t.devices, str) or t.devices == "auto" else int(t.devices)
+    return L.Trainer(
+        accelerator=t.accelerator, devices=devices, strategy=t.strategy,
+        precision=resolve_precision(str(t.precision)),
+        max_epochs=int(t.max_epochs), max_steps=int(t.max_steps),
+        gradient_clip_val=float(t.grad_clip) if t.grad_clip else None,
+        logger=loggers or False, callbacks=all_callbacks, plugins=[AtomicCheckpointIO()],
+        log_every_n_steps=int(t.log_every_n_steps), check_val_every_n_epoch=int(t.eval_every_n_epochs),
+        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(ckpt_dir.parent),
+        use_distributed_sampler=False,
+    )
+
+
+@dataclass
+class FitResult:
+    """What a fit leaves: the trainer, the trained module, its data, wall time, the step it resumed at."""
+
+    trainer: Any
+    module: Any
+    train_set: Any
+    eval_set: Any
+    wall_s: float
+    resumed_at: Optional[int]
+
+
+def fit_draft(cfg: DictConfig, extract: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor], unit_dir: Path,
+              loggers: list) -> FitResult:
+    """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
+
+    Args:
+        cfg: The composed config (`model`, `train`, `seed`, `paths.hf_cache`).
+        extract: The extract manifest (hidden-state store + merged splits).
+        vocab_maps: `(d2t, t2d)` of the vocab stage (`load_vocab_maps`).
+        unit_dir: The train unit directory (checkpoints and the fit summary go there).
+        loggers: The job's Lightning loggers.
+    """
+    import lightning as L
+
+    from eagle3.draft.data import DraftDataModule, FitSummaryCallback
+    from eagle3.draft.lightning_module import DraftModule
+    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.extract.dataset import HiddenStateDataset
+
+    m, t = cfg.model, cfg.train
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    geometry = draft_geometry(cfg)
+    embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache,
+                                          text_config_key=m.text_config_key)
+    d2t, t2d = vocab_maps
+    train_set = HiddenStateDataset.from_manifests(extract, "train", dtype=torch.float32)
+    eval_set = HiddenStateDataset.from_manifests(extract, "eval", dtype=torch.float32)
+    module = DraftModule(geometry, head, OmegaConf.to_container(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
+    data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
+                           seed=int(cfg.seed), num_workers=int(t.num_workers))
+    ckpt_dir = unit_dir / CHECKPOINT_DIR
+    resume = ckpt_dir / LAST_CHECKPOINT
+    summary = FitSummaryCallback(unit_dir / FIT_SUMMARY)
+    trainer = build_trainer(cfg.train, ckpt_dir, loggers, [data.position_callback(), summary])
+    resumed_at = None
+    if resume.is_file():
+        resumed_at = int(torch.load(resume, map_location="cpu", weights_only=True)["global_step"])
+        log.info("train: resuming from %s (step %d)", resume, resumed_at)
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume.is_file() else None)
+    return FitResult(trainer, module, train_set, eval_set, time.perf_counter() - started, resumed_at)
+
+
+def export_engines(module: Any, export_root: Path, dtype: str, metadata: dict[str, Any]) -> dict[str, str]:
+    """The trained draft exported for every engine under `export_root/<engine>` (validated on write)."""
+    from eagle3.draft.export import export_draft
+
+    return {engine: str(export_draft(module.draft, export_root / engine, engine, dtype=dtype, extra_metadata=metadata))
+            for engine in ENGINES}

@@ -1,0 +1,252 @@
+"""The resumable run behind stage `generate`: prompt-only conversations in, regenerated ones out.
+
+Batches are consecutive chunks of the input order (`generate.batch_size` conversations) and each
+generate call is seeded from its batch's ids and turn (`regenerate.batch_seed`), so a batch re-run
+after a kill reproduces itself exactly; already-written ids are not written again and fully done
+batches are skipped without running the model. Counters derived from the output files (not from
+this run's work) make a resumed run's manifest equal an uninterrupted one's. A batch that an
+earlier output ran under the same config is copied from it (`eagle3.generation.reuse`).
+
+The HTTP backend answers many requests at once, so several batches run at the same time
+(`generate.http.inflight_batches`, by default enough to keep the largest concurrency partition
+full), each in its own thread, still turn by turn. Their outcomes are written strictly in batch
+order, so the output file has the same order as a sequential run and a kill leaves a prefix of it
+(plus at worst a part of one batch), which the rerun completes by id: nothing lost, nothing
+written twice. Finished batches may wait behind a slow one (up to WRITE_WINDOW x inflight
+batches), so one stalled request does not idle the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from eagle3.artifacts import StageOutput, progress, read_jsonl
+from eagle3.generation.factory import make_backend
+from eagle3.generation.regenerate import GenerateSettings, Outcome, regenerate_batch
+from eagle3.generation.reuse import EarlierGenerations, chunks
+
+__all__ = ["WRITE_WINDOW", "generate_file", "inflight_batches", "settings_for"]
+
+log = logging.getLogger("eagle3")
+
+# Batches submitted but not yet written, per batch running at once (head-of-line slack).
+WRITE_WINDOW = 4
+
+
+def settings_for(cfg: DictConfig, unit: str) -> GenerateSettings:
+    """Plain settings of a unit, so nothing OmegaConf reaches the backend."""
+    gen = cfg.generate
+    return GenerateSettings(max_new_tokens=int(gen.max_new_tokens), temperature=float(gen.temperature),
+                            top_p=float(gen.top_p), max_user_turns=int(gen.max_user_turns),
+                            length_policy=str(gen.length_policy),
+                            thinking=bool(cfg.dataset.sources[unit].thinking), seed=int(cfg.data.seed))
+
+
+def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
+    """Counters over everything in the output files (earlier runs' work included)."""
+    writer.flush()
+    out.rejects.flush()
+    finish, ended = Counter(), Counter()
+    tokens = turns = kept_cut = 0
+    for path, is_output in ((writer.partial_path, True), (out.rejects.partial_path, False)):
+        if not path.exists():
+            continue
+        for record in read_jsonl(path):
+            generation = (record.get("meta") or {}).get("generation") if is_output else record.get("generation")
+            for turn in (generation or {}).get("turns", []):
+                finish[turn["finish_reason"]] += 1
+                tokens += turn["completion_tokens"]
+                turns += 1
+            if is_output:
+                ended[generation["ended"]] += 1
+                kept_cut += bool(record["meta"].get("truncated"))
+    return {"finish": dict(sorted(finish.items())), "ended": dict(sorted(ended.items())),
+            "tokens": tokens, "turns": turns, "length_cut_kept": kept_cut}
+
+
+def inflight_batches(cfg: DictConfig, backend: Any) -> int:
+    """How many batches to regenerate at once: 1 unless the backend serves requests concurrently."""
+    suggest = getattr(backend, "suggested_inflight_batches", None)
+    if suggest is None:
+        return 1  # in-process backends run one batch at a time
+    explicit = cfg.generate.http.inflight_batches
+    return int(explicit) if explicit else int(suggest(int(cfg.generate.batch_size)))
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, output_name: str,
+                  total: Optional[int] = None, earlier: Optional[EarlierGenerations] = None) -> dict:
+    """Regenerate the prompt-only conversations of `source` into `out` (resumable).
+
+    Separate from the stage wrapper so that a caller holding its own conversations file (a
+    test, a one-off job) runs exactly the code the stage runs. Batches that `earlier` outputs
+    already ran under the same config are copied from them instead of generated.
+
+    Returns:
+        The manifest `extra`: totals over the output and this run's throughput.
+    """
+    settings = settings_for(cfg, unit)
+    writer = out.records(output_name)
+    batch_size = int(cfg.generate.batch_size)
+    if earlier and earlier.covers(source, batch_size, out.is_done):
+        backend: Any = _NoModel(cfg.server.backend)  # every batch is copied: load nothing
+    else:
+        backend = make_backend(cfg)  # fails fast for a backend that cannot generate
+    inflight = inflight_batches(cfg, backend)
+    live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
+    log_every = float(cfg.generate.http.log_every_s)
+    run = Counter()
+    seen: set = set()
+    started = time.perf_counter()
+    first_run: Optional[float] = None
+    last_log = started
+    bar = progress(None, total=total, desc=f"generate {unit}", unit="conv")
+    pending: deque[tuple[int, list[dict], Future]] = deque()
+    executor = ThreadPoolExecutor(inflight, thread_name_prefix=f"generate-{unit}") if inflight > 1 else None
+    window = WRITE_WINDOW * inflight
+
+    def write(n_batch: int, fresh: list[dict], outcomes: list[Outcome], generated: bool = True) -> None:
+        for outcome in outcomes:
+            run["tokens"] += outcome.completion_tokens
+            if out.is_done(outcome.id):
+                continue  # written by the killed run; the batch only re-ran to reproduce the rest
+            if outcome.record is not None:
+                writer.write(outcome.record)
+            else:
+                out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
+                           generation=outcome.generation)
+        if generated:
+            run["batches_run"] += 1
+            run["conversations"] += len(fresh)
+        run["progressed"] += n_batch
+        bar.update(n_batch)
+        seconds = time.perf_counter() - (first_run or started)
+        postfix = {"tok/s": f"{run['tokens'] / max(seconds, 1e-9):.0f}"}
+        if live is not None:
+            postfix.update(live())
+        bar.set_postfix(postfix, refresh=False)
+        if live is not None and time.perf_counter() - last_log >= log_every:
+            log_progress(postfix)
+
+    def flush_head() -> None:
+        n_batch, done_fresh, future = pending.popleft()
+        write(n_batch, done_fresh, future.result(), generated=not getattr(future, "reused", False))
+
+    def log_progress(postfix: dict[str, str]) -> None:
+        """One line for logs of batch jobs, where the progress bar is off."""
+        nonlocal last_log
+        last_log = time.perf_counter()
+        done = run["progressed"]
+        rate = run["conversations"] / max(last_log - (first_run or started), 1e-9)
+        eta = _eta(max(total - done, 0) / rate) if total and rate > 0 else "?"
+        log.info("generate %s: %d/%s conversations, %s, ETA %s", unit, done, total if total else "?",
+                 ", ".join(f"{k} {v}" for k, v in postfix.items()), eta)
+
+    try:
+        for batch in chunks(read_jsonl(source), batch_size):
+            out.count_in(len(batch))
+            fresh = []
+            for record in batch:  # prep's ids are unique; a repeat would be written twice
+                if record["id"] in seen:
+                    out.count_reject("duplicate_id")
+                else:
+                    seen.add(record["id"])
+                    fresh.append(record)
+            if all(out.is_done(r["id"]) for r in fresh):
+                run["batches_skipped"] += 1
+                run["progressed"] += len(batch)
+                bar.update(len(batch))
+                continue
+            reused = earlier.lookup(fresh) if earlier and len(fresh) == len(batch) else None
+            if reused is not None:
+                run["batches_reused"] += 1
+                run["conversations_reused"] += len(fresh)
+                if executor is None:
+                    write(len(batch), fresh, reused, generated=False)
+                    continue
+                # Queued behind the batches in flight, so the file keeps the sequential order.
+                pending.append((len(batch), fresh, _done(reused)))
+            else:
+                if first_run is None:
+                    first_run = time.perf_counter()
+                if executor is None:
+                    write(len(batch), fresh, regenerate_batch(backend, fresh, settings))
+                    continue
+                pending.append((len(batch), fresh, executor.submit(regenerate_batch, backend, fresh, settings)))
+            # Write in batch order (the file order never depends on timing), as soon as the head
+            # is done. Up to `window` batches are queued or finished-but-unwritten, so one slow
+            # batch at the head does not idle the other workers (nor holds many copied ones).
+            while pending and (pending[0][2].done() or len(pending) >= window):
+                flush_head()
+        while pending:
+            flush_head()
+        if live is not None and run["batches_run"]:
+            log_progress(live())
+    finally:
+        for _, _, future in pending:
+            future.cancel()
+        bar.close()
+        backend.close()  # also ends requests still in flight in other batches' threads
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+    stats = _file_stats(out, writer)
+    out.count("length_cut_kept", stats["length_cut_kept"])
+    out.count("assistant_turns", stats["turns"])
+    out.count("tokens_generated", stats["tokens"])
+    seconds = time.perf_counter() - first_run if first_run is not None else 0.0
+    this_run = {
+        "batches_run": run["batches_run"], "batches_skipped": run["batches_skipped"],
+        "batches_reused": run["batches_reused"], "conversations_reused": run["conversations_reused"],
+        "conversations": run["conversations"], "tokens_generated": run["tokens"],
+        "seconds": round(seconds, 3), "wall_s": round(time.perf_counter() - started, 3),
+        "tokens_per_s": round(run["tokens"] / seconds, 2) if seconds else None,
+        "conversations_per_s": round(run["conversations"] / seconds, 4) if seconds else None,
+        "inflight_batches": inflight,
+    }
+    if hasattr(backend, "stats"):
+        this_run["client"] = backend.stats()
+    return {
+        "file": output_name,
+        "reused_from": dict(earlier.used) if earlier else {},
+        "backend": backend.describe(),
+        "thinking": settings.thinking,
+        "finish_reasons": stats["finish"],
+        "ended": stats["ended"],
+        "tokens_generated": stats["tokens"],
+        "this_run": this_run,
+    }
+
+
+class _NoModel:
+    """The backend of a run whose every batch was done or copied: it is never asked anything."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "loaded": False, "why": "every batch was copied from an earlier output"}
+
+    def generate(self, requests, params):  # pragma: no cover - covers() guarantees no call
+        raise AssertionError("no model was loaded: every batch should have been copied")
+
+    def close(self) -> None:
+        """Nothing was opened."""
+
+
+def _done(outcomes: list[Outcome]) -> Future:
+    """A finished future holding batch outcomes copied from an earlier output."""
+    future: Future = Future()
+    future.set_result(outcomes)
+    future.reused = True  # type: ignore[attr-defined]
+    return future

@@ -1,0 +1,370 @@
+"""The plan of the whole chain for a config, before any of it runs (what `stage=plan` prints).
+
+For every chain stage and unit: where the output goes (the same fingerprinted directory the
+stage would use: `UnitStage.locate`), whether it is there (complete / running / missing; "after
+<stage>" when an input is missing, so the directory cannot be known yet), and what it will cost:
+samples, tokens, generated tokens, the hidden-state store in bf16 and fp8, training
+token-epochs, and the extract preflight's disk check. Counts come from the manifests of stages
+that already ran; the rest is derived from the config and marked with its basis
+(`eagle3.planning.figures`). No model, tokenizer or dataset is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from eagle3.artifacts import MANIFEST_NAME, STATUS_RUNNING, Manifest
+from eagle3.data.conversation import TRACK_PROMPT_ONLY
+from eagle3.planning import figures
+from eagle3.planning.figures import Figure
+from eagle3.stages.base import MissingInput, StageContext
+
+__all__ = ["FORMAT_VERSION", "Planner", "UnitPlan", "build_plan"]
+
+FORMAT_VERSION = 1
+SHOWN_FORMATS = ("bf16", "fp8")  # always both: the choice between them is the plan's main lever
+
+
+@dataclass
+class UnitPlan:
+    """One unit of one stage in the plan.
+
+    Attributes:
+        status: complete | running | missing.
+        after: The upstream stage with no complete output yet (then `output` is None: the
+            directory's fingerprint covers its inputs, which do not exist yet).
+        after_unit: The unit of that upstream stage.
+        inputs: Input name -> directory (or the raw origin for prep / demo_data).
+        figures: Named figures (`samples`, `tokens`, stage-specific ones).
+        other: A short stage-specific summary for the table.
+    """
+
+    stage: str
+    unit: str
+    status: str
+    after: Optional[str] = None
+    after_unit: Optional[str] = None
+    output: Optional[Path] = None
+    inputs: dict[str, str] = field(default_factory=dict)
+    figures: dict[str, Figure] = field(default_factory=dict)
+    other: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "unit": self.unit, "status": self.status, "after": self.after,
+                "after_unit": self.after_unit, "output": None if self.output is None else str(self.output),
+                "inputs": self.inputs, "figures": {k: f.to_dict() for k, f in self.figures.items()},
+                "other": self.other, "notes": self.notes}
+
+
+def _origin(src: DictConfig) -> str:
+    if src.generator is not None:
+        return f"built-in {src.generator}"
+    if src.hub_id is not None:
+        return f"hub {src.hub_id}{'/' + src.subset if src.subset else ''} [{src.split}]"
+    return "files " + ", ".join(str(p) for p in src.data_files or [])
+
+
+def locate(stage, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[UnitPlan, Optional[Manifest]]:
+    """Where a unit's output is and whether it is there, without creating anything.
+
+    `UnitStage.locate` gives the directory; `unit_inputs` is asked as well (it is what locate
+    fingerprints) so the plan can list the inputs. Both raise MissingInput when an upstream output
+    is not complete: then the directory cannot be known yet, and the row says which stage to run.
+    """
+    try:
+        inputs = stage.unit_inputs(cfg, ctx, unit)
+        where, manifest = stage.locate(cfg, ctx, unit)
+    except MissingInput as exc:
+        return UnitPlan(stage.name, unit, "missing", after=exc.stage or "an upstream stage", after_unit=exc.unit,
+                        notes=[str(exc)]), None
+    row = UnitPlan(stage.name, unit, "complete" if manifest else "missing", output=where,
+                   inputs={k: str(m.dir) for k, m in inputs.items()})
+    if manifest is None and (where / MANIFEST_NAME).is_file():
+        # locate read this manifest and it is not complete: a run started and has not finished.
+        row.status = STATUS_RUNNING
+        row.notes.append("a run started here and has not finished (or was killed): a rerun resumes it")
+    if manifest is not None:
+        row.figures["output_bytes"] = Figure(manifest.total_bytes, "actual", "files in the unit directory")
+    return row, manifest
+
+
+class Planner:
+    """Walks the chain in order; later stages build on the figures of earlier ones."""
+
+    def __init__(self, cfg: DictConfig, ctx: StageContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.tps = int(cfg.extract.assumed_tokens_per_sample)
+        # Per source: samples after demo_data / prep / generate, (samples, tokens) after tokenize.
+        self.raw_samples: dict[str, Figure] = {}
+        self.prep_samples: dict[str, Figure] = {}
+        self.gen_samples: dict[str, Figure] = {}
+        self.tokenized: dict[str, tuple[Figure, Figure]] = {}
+        self.mix: dict[str, Figure] = {}
+        self.store: dict[str, Any] = {}
+        data = cfg.data
+        planned = None if data.scale is None else int(data.scale) + int(data.eval_size)
+        self.shares = figures.merge_shares({n: float(s.weight) for n, s in cfg.dataset.sources.items()}, planned)
+
+    def source(self, unit: str) -> DictConfig:
+        return self.cfg.dataset.sources[unit]
+
+    def share_note(self, unit: str) -> str:
+        share = self.shares.get(unit)
+        return "" if share is None else f"merge uses ~{share:,} (weight {float(self.source(unit).weight):g})"
+
+    # One method per chain stage: fill row.figures / row.other from the manifest or the config.
+    def demo_data(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        n = self.source(row.unit).num_samples
+        row.inputs = {"generator": _origin(self.source(row.unit))}
+        samples = (Figure(m.counts["out"], "actual") if m else figures.unknown() if n is None else
+                   Figure(n, "config", "num_samples (length-cut demo answers are rejected)"))
+        self.raw_samples[row.unit] = row.figures["samples"] = samples
+
+    def prep(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        src = self.source(row.unit)
+        if src.generator is None:
+            row.inputs = {"raw": _origin(src)}
+        samples = (Figure(m.counts["out"], "actual") if m else
+                   figures.prep_samples(src.num_samples, self.raw_samples.get(row.unit)))
+        self.prep_samples[row.unit] = row.figures["samples"] = samples
+        row.other = self.share_note(row.unit)
+
+    def generate(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        gen = self.cfg.generate
+        samples = (Figure(m.counts["out"], "actual") if m else figures.at_most(
+            self.prep_samples[row.unit], "the prepped conversations (failed requests are rejected)"))
+        self.gen_samples[row.unit] = row.figures["samples"] = samples
+        to_generate, copied = samples, 0
+        if m is None and row.output is not None:  # prep is done: earlier outputs may hold batches
+            from eagle3.stages.generate import copyable_conversations
+
+            copied = copyable_conversations(self.cfg, self.ctx, row.unit)
+            if copied:
+                row.figures["copied_from_earlier"] = Figure(
+                    copied, "actual", "conversations whose batches earlier generate outputs ran under this config")
+                to_generate = figures.derive(samples.value - copied if samples.known else None, samples,
+                                              basis=samples.basis, note="prepped conversations not copied")
+        one, every = figures.generated_tokens(to_generate, int(gen.max_new_tokens), int(gen.max_user_turns))
+        if m and "tokens_generated" in m.counts:
+            one = every = Figure(m.counts["tokens_generated"], "actual", "tokens the target generated")
+        row.figures["generated_tokens_one_turn"], row.figures["generated_tokens_max"] = one, every
+        share = self.shares.get(row.unit)
+        if not samples.known and share is not None:
+            row.figures["generated_tokens_at_share"] = Figure(
+                share * int(gen.max_new_tokens), "estimate",
+                f"merge share {share:,} x generate.max_new_tokens; set dataset.sources.{row.unit}.num_samples "
+                "to regenerate only what the mix uses (null regenerates the whole source)")
+        at_share = row.figures.get("generated_tokens_at_share")
+        row.other = (f"generated {one.value:,}" if one.basis == "actual" else f"gen <= {one.value:,}/turn"
+                     if one.known else "gen unknown (whole source)") + (
+            f"; ~{at_share.value:,}/turn at merge share" if at_share else "") + (
+            f"; {copied:,} copied from earlier outputs" if copied else "")
+
+    def tokenize(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        upstream = self.gen_samples if self.source(row.unit).track == TRACK_PROMPT_ONLY else self.prep_samples
+        if m:
+            samples, tokens = Figure(m.counts["out"], "actual"), Figure(m.counts["tokens"], "actual")
+        else:
+            samples = figures.at_most(upstream[row.unit], "the conversations (overlength ones may be dropped)")
+            tokens = figures.tokens_of(samples, self.tps, "assumed", f"samples x {self.tps:,} tokens/sample")
+        row.figures["samples"], row.figures["tokens"] = samples, tokens
+        self.tokenized[row.unit] = (samples, tokens)
+
+    def merge(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        if m:
+            per_source = m.extra.get("per_source", {}).values()
+            mix = {"train_samples": Figure(m.extra["train_samples"], "actual"),
+                   "eval_samples": Figure(m.extra["eval_samples"], "actual"),
+                   "train_tokens": Figure(m.extra["train_tokens"], "actual"),
+                   "eval_tokens": Figure(sum(s.get("eval_tokens", 0) for s in per_source), "actual")}
+        else:
+            data = self.cfg.data
+            train, evl = figures.mix_split(figures.total(s for s, _ in self.tokenized.values()),
+                                            data.scale, int(data.eval_size))
+            toks = list(self.tokenized.values())
+            if toks and all(s.basis == t.basis == "actual" for s, t in toks) and sum(s.value for s, _ in toks):
+                mean, basis = sum(t.value for _, t in toks) / sum(s.value for s, _ in toks), "estimate"
+                how = f"samples x {mean:,.1f} tokens/sample (mean of the tokenized sources)"
+            else:
+                mean, basis, how = self.tps, "assumed", f"samples x {self.tps:,} tokens/sample"
+            mix = {"train_samples": train, "eval_samples": evl,
+                   "train_tokens": figures.tokens_of(train, mean, basis, how),
+                   "eval_tokens": figures.tokens_of(evl, mean, basis, how)}
+        self.mix = mix
+        row.figures["samples"] = figures.total([mix["train_samples"], mix["eval_samples"]], "train + eval")
+        row.figures["tokens"] = figures.total([mix["train_tokens"], mix["eval_tokens"]], "train + eval")
+        row.figures.update(mix)
+        fmt = lambda f: f"{f.value:,}" if f.known else "?"  # noqa: E731
+        row.other = f"train {fmt(mix['train_samples'])} + eval {fmt(mix['eval_samples'])}"
+
+    def vocab(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        row.figures["samples"], row.figures["tokens"] = self.mix["train_samples"], self.mix["train_tokens"]
+        if m is None:
+            row.figures["output_bytes"] = figures.vocab_bytes(int(self.cfg.model.draft.vocab_size),
+                                                               int(self.cfg.model.vocab_size))
+        row.other = f"d2t+t2d {row.figures['output_bytes'].value:,} B"
+
+    def extract(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        from eagle3.stages.extract import store_dir
+
+        model, ex = self.cfg.model, self.cfg.extract
+        samples = figures.total([self.mix["train_samples"], self.mix["eval_samples"]], "train + eval")
+        tokens = figures.total([self.mix["train_tokens"], self.mix["eval_tokens"]], "train + eval")
+        if m:
+            samples, tokens = Figure(m.extra["samples"], "actual"), Figure(m.counts["tokens"], "actual")
+        row.figures["samples"], row.figures["tokens"] = samples, tokens
+        configured = str(ex.storage_format)
+        fmts = list(dict.fromkeys([*SHOWN_FORMATS, configured]))
+        ests = figures.store_estimates(samples, tokens, int(model.hidden_size), len(model.capture_layers), fmts)
+        for fmt in fmts:
+            row.figures[f"store_bytes_{fmt}"] = figures.store_bytes(ests[fmt], samples, tokens)
+        where = store_dir(self.cfg)
+        row.inputs["store"] = str(where)
+        self.store = {"dir": where, "configured": configured, "formats": fmts, "estimates": ests,
+                      "complete": m is not None}
+        row.other = " | ".join(f"{fmt}{'*' if fmt == configured else ''} " + (
+            _human(ests[fmt].total) if ests[fmt] else "?") for fmt in fmts)
+        if not samples.known:  # still say what the store costs per 1K samples, as the dry run does
+            per_1k = figures.store_estimates(Figure(1000, "config"), Figure(1000 * self.tps, "assumed"),
+                                              int(model.hidden_size), len(model.capture_layers), fmts)
+            for fmt in fmts:
+                row.figures[f"store_bytes_{fmt}_per_1k_samples"] = figures.store_bytes(
+                    per_1k[fmt], Figure(1000, "config"), Figure(1000 * self.tps, "assumed"))
+            row.other += " (per 1K samples: " + ", ".join(
+                f"{fmt} {_human(per_1k[fmt].total)}" for fmt in fmts) + ")"
+
+    def train(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        tr = self.cfg.train
+        row.figures["samples"], row.figures["tokens"] = self.mix["train_samples"], self.mix["train_tokens"]
+        epochs = figures.token_epochs(self.mix["train_tokens"], int(tr.max_epochs), int(tr.max_steps))
+        row.figures["token_epochs"] = epochs
+        row.other = f"token-epochs {epochs.value:,}" if epochs.known else "token-epochs ?"
+
+    def eval(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        ev = self.cfg.eval
+        row.figures["samples"], row.figures["tokens"] = self.mix["eval_samples"], self.mix["eval_tokens"]
+        dec = figures.decode_tokens(self.mix["eval_samples"], int(ev.num_prompts), int(ev.max_new_tokens),
+                                     len(ev.ks))
+        row.figures["decode_tokens"] = dec
+        row.other = f"decode <= {dec.value:,} tokens"
+
+
+def _human(n: int) -> str:
+    from eagle3.artifacts import format_bytes
+
+    return format_bytes(n)
+
+
+def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
+    from hydra.core.hydra_config import HydraConfig
+
+    # No Hydra context in library use and tests: no experiment to name.
+    experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
+    m = cfg.model
+    return {"experiment": experiment, "dataset": str(cfg.dataset.name), "model": str(m.name),
+            "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
+            "server_backend": str(cfg.server.backend), "root": str(ctx.root),
+            "data": {"scale": cfg.data.scale, "eval_size": int(cfg.data.eval_size)},
+            "sources": {n: {"track": str(s.track), "num_samples": s.num_samples, "weight": float(s.weight)}
+                        for n, s in cfg.dataset.sources.items()}}
+
+
+def _totals(planner: Planner, rows: dict[str, list[UnitPlan]]) -> dict[str, Figure]:
+    """Whole-chain figures from the rows (merge, extract, train and eval have one unit each)."""
+    one = lambda stage: rows[stage][0].figures if rows.get(stage) else {}  # noqa: E731
+    gens = rows.get("generate", [])
+    none = Figure(0, "config", "no prompt-only source: nothing to generate")
+    totals = {"samples": one("merge").get("samples"), "tokens": one("merge").get("tokens")}
+    totals.update({k: one("merge").get(k) for k in ("train_samples", "eval_samples", "train_tokens", "eval_tokens")})
+    for key in ("generated_tokens_one_turn", "generated_tokens_max"):
+        totals[key] = figures.total((r.figures[key] for r in gens), "sum over prompt-only sources") if gens else none
+    if gens and not totals["generated_tokens_one_turn"].known:
+        parts = [r.figures.get("generated_tokens_at_share", r.figures["generated_tokens_one_turn"]) for r in gens]
+        totals["generated_tokens_at_share"] = figures.total(parts, "per answered turn if each prompt-only source "
+                                                                    "supplied only its merge share")
+    for key, value in one("extract").items():
+        if key.startswith("store_bytes_"):
+            totals[key] = value
+    totals["token_epochs"] = one("train").get("token_epochs")
+    totals["decode_tokens"] = one("eval").get("decode_tokens")
+    return {k: v for k, v in totals.items() if v is not None}
+
+
+def _disk(cfg: DictConfig, planner: Planner) -> dict[str, Any]:
+    """The extract preflight's check for each shown format (`eagle3.extract.preflight`)."""
+    from eagle3.extract.preflight import free_space
+
+    ex, store = cfg.extract, planner.store
+    free, where = free_space(store["dir"], ex.assume_free_bytes)
+    checks = {}
+    for fmt in store["formats"]:
+        if store["complete"]:
+            checks[fmt] = {"fits": True, "line": "the extract unit is complete: its samples are in the store already"}
+        else:
+            checks[fmt] = figures.disk_check(store["estimates"][fmt], store["dir"], float(ex.disk_margin_gb),
+                                              ex.assume_free_bytes)
+    return {"store_dir": str(store["dir"]), "free_bytes": free, "measured_at": where,
+            "margin_gb": float(ex.disk_margin_gb), "configured": store["configured"], "checks": checks}
+
+
+def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPlan]]) -> list[str]:
+    """The assumptions behind the figures that are not measured, with the numbers used."""
+    from eagle3.extract import formats
+
+    m, gen, ex, data = cfg.model, cfg.generate, cfg.extract, cfg.data
+    n_capture, hidden = len(m.capture_layers), int(m.hidden_size)
+    bpt = {f: formats.bytes_per_token(f, hidden, n_capture) for f in planner.store["formats"]}
+    figures = [f for stage_rows in rows.values() for r in stage_rows for f in r.figures.values()]
+    lines = []
+    if any(f.basis == "assumed" for f in figures):
+        lines.append(f"tokens per sample: {planner.tps:,} (extract.assumed_tokens_per_sample) wherever no tokenize "
+                     "or merge manifest measured them; such figures say (assumed)")
+    unknown = [r.unit for r in rows.get("prep", []) if not r.figures["samples"].known]
+    if unknown:
+        lines.append(f"sources with num_samples null take all of the source, whose size this plan does not "
+                     f"download to learn: {', '.join(unknown)} (known once prep has run)")
+    scale = "everything" if data.scale is None else f"{int(data.scale):,}"
+    if any(r.status != "complete" for r in rows.get("merge", [])):
+        lines.append(f"merge: data.scale={scale} train + data.eval_size={int(data.eval_size):,} eval samples, "
+                     "the sources contributing by weight (shares in the prep rows) and holding enough after "
+                     "filters and dedupe")
+    if any(r.status != "complete" for r in rows.get("generate", [])):
+        lines.append(f"generated tokens are upper bounds: generate.max_new_tokens={int(gen.max_new_tokens):,} per "
+                     f"answered user turn, at most generate.max_user_turns={int(gen.max_user_turns)} turns per "
+                     "conversation; most prompts have one turn")
+    per = ", ".join(f"{f} {b:,} B/token" for f, b in bpt.items())
+    lines.append(f"store bytes = tokens x bytes/token + {formats.SAMPLE_OVERHEAD_BYTES:,} B per sample "
+                 f"(eagle3.extract.formats / preflight, as extract's own preflight): {per} for hidden "
+                 f"{hidden:,} x ({n_capture} captured layers + the final state); samples another mix already "
+                 "put in the shared, content-keyed store are not subtracted")
+    lines.append(f"disk: free space of the store root's filesystem (or extract.assume_free_bytes) minus "
+                 f"extract.disk_margin_gb={float(ex.disk_margin_gb):g}; the configured format is marked *")
+    lines.append(f"train token-epochs = train.max_epochs={int(cfg.train.max_epochs)} x train tokens")
+    return lines
+
+
+def build_plan(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
+    """The plan as plain data (exactly what plan.json holds and what both renderings show)."""
+    from eagle3.stages import CHAIN
+
+    planner = Planner(cfg, ctx)
+    rows: dict[str, list[UnitPlan]] = {}
+    stages = []
+    for entry in CHAIN:
+        stage = entry.load()
+        rows[stage.name] = []
+        for unit in stage.units(cfg):
+            row, manifest = locate(stage, cfg, ctx, unit)
+            getattr(planner, stage.name)(row, manifest)
+            rows[stage.name].append(row)
+        stages.append({"stage": stage.name, "help": stage.help,
+                       "units": [r.to_dict() for r in rows[stage.name]]})
+    return {"format": FORMAT_VERSION, "header": _header(cfg, ctx), "stages": stages,
+            "totals": {k: f.to_dict() for k, f in _totals(planner, rows).items()},
+            "disk": _disk(cfg, planner), "assumptions": _assumptions(cfg, planner, rows),
+            "basis": dict(figures.BASIS_MEANING)}

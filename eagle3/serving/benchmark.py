@@ -1,0 +1,140 @@
+"""The served target without and with its EAGLE-3 draft: output tok/s, speedup, engine accept length.
+
+`run_benchmark` measures both modes on the same held-out prompts (greedy, the median of
+`repeats` timed passes each) and assembles the report as plain data; the caller says how a mode's
+server is had (launched with the project's launcher, or a running one) and writes the report.
+An accept length at or below `min_accept_length` under speculation means the draft is not used
+at all: the report's status is FAILED with the likely causes, never a number to read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+
+from eagle3.errors import Eagle3Error
+from eagle3.serving.engine_client import EngineClient, accept_length_of, run_requests
+from eagle3.serving.engine_metrics import ACCEPT_LENGTH_DEFINITION
+from eagle3.serving.http import Client, HTTPFailure
+
+__all__ = ["BASELINE", "LIKELY_CAUSES", "MODES", "SPECULATIVE", "BenchSettings", "BenchmarkFailed",
+           "failure_message", "run_benchmark"]
+
+log = logging.getLogger("eagle3")
+
+BASELINE, SPECULATIVE = "baseline", "speculative"
+MODES = (BASELINE, SPECULATIVE)
+LIKELY_CAUSES = (
+    "the server runs the draft with the EAGLE algorithm although it is an EAGLE-3 draft (the fc fusion "
+    "layer is bypassed; use EAGLE3 / vLLM method eagle3)",
+    "wrong aux layer ids in the draft's config.json (SGLang adds 1 to eagle_aux_hidden_state_layer_ids, "
+    "vLLM uses them as written; each export is numbered for its engine)",
+    "the draft was trained for another target (other weights, tokenizer or chat template)",
+    "the draft is not trained (too few steps, or a fresh checkpoint)",
+)
+
+
+class BenchmarkFailed(Eagle3Error):
+    """A benchmark whose result must not be read as a number (reports are written first)."""
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How to measure (from `bench.*`)."""
+
+    max_new_tokens: int
+    concurrency: int
+    warmup_requests: int
+    repeats: int
+    request_timeout_s: float
+    min_accept_length: float
+    baseline: bool
+
+    @classmethod
+    def from_config(cls, bench: Any) -> "BenchSettings":
+        return cls(max_new_tokens=int(bench.max_new_tokens), concurrency=int(bench.concurrency),
+                   warmup_requests=int(bench.warmup_requests), repeats=int(bench.repeats),
+                   request_timeout_s=float(bench.request_timeout_s),
+                   min_accept_length=float(bench.min_accept_length), baseline=bool(bench.baseline))
+
+
+async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchSettings) -> dict[str, Any]:
+    async with Client(limit=max(s.concurrency, 1) + 2) as http:
+        client = await EngineClient.connect(http, backend, url, s.request_timeout_s)
+        return await run_requests(client, prompts, s.max_new_tokens, s.concurrency, s.warmup_requests, s.repeats)
+
+
+def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    pairs = [(b.get("output_ids"), s.get("output_ids")) for b, s in zip(base["results"], spec["results"])]
+    if not pairs or any(b is None or s is None for b, s in pairs):
+        return None
+    same = sum(1 for b, s in pairs if list(b) == list(s))
+    return {"identical": same, "of": len(pairs)}
+
+
+def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchSettings,
+                  server: Callable[[str], ContextManager[dict[str, Any]]], header: Mapping[str, Any],
+                  eval_figure: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Measure both modes and assemble the report (nothing written, nothing raised on a bad figure).
+
+    Args:
+        backend: `sglang` or `vllm` (how to ask and which counters to read).
+        prompts: `{"id", "input_ids"}` of the held-out prompts.
+        settings: `bench.*`.
+        server: `server(mode)` -> a context manager yielding `{"url", ...}` of that mode's server
+            (launched for the block, or a running one); the yielded dict goes into the report.
+        header: What the report says about the setup (dataset, K, algorithm, draft, ...).
+        eval_figure: The in-process eval's accept length at the same K, to compare with.
+
+    Raises:
+        BenchmarkFailed: A server did not answer (the message names the URL).
+    """
+    modes = MODES if settings.baseline else (SPECULATIVE,)
+    report: dict[str, Any] = {
+        **header, "backend": backend, "num_prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
+        "concurrency": settings.concurrency, "warmup_requests": settings.warmup_requests,
+        "repeats": settings.repeats, "prompt_ids": [p["id"] for p in prompts],
+        "accept_length_definition": ACCEPT_LENGTH_DEFINITION, "servers": {}, "phases": {},
+    }
+    raw: dict[str, dict] = {}
+    for mode in modes:
+        with server(mode) as info:
+            try:
+                phase = asyncio.run(_measure(backend, info["url"], prompts, settings))
+            except HTTPFailure as exc:
+                raise BenchmarkFailed(f"bench ({mode} server): {exc}") from None
+        raw[mode] = phase
+        report["servers"][mode] = info
+        report["phases"][mode] = {k: v for k, v in phase.items() if k != "results"}
+        log.info("bench: %s: %d output tokens in %.1f s = %.1f tok/s (median of %s)", mode, phase["output_tokens"],
+                 phase["wall_s"], phase["tokens_per_s"] or 0.0,
+                 ", ".join(f"{p['tokens_per_s']:.1f}" for p in phase["passes"]))
+    spec, base = raw[SPECULATIVE], raw.get(BASELINE)
+    report["accept"] = accept_length_of(backend, spec)
+    accept = report["accept"]["accept_length"]
+    report["baseline_tokens_per_s"] = base["tokens_per_s"] if base else None
+    report["speculative_tokens_per_s"] = spec["tokens_per_s"]
+    report["speedup"] = (spec["tokens_per_s"] / base["tokens_per_s"]
+                         if base and base["tokens_per_s"] and spec["tokens_per_s"] else None)
+    report["outputs_match"] = _outputs_match(base, spec) if base else None
+    report["eval"] = eval_figure
+    if eval_figure and eval_figure.get("accept_length") and accept is not None:
+        eval_figure["relative_difference"] = (accept - eval_figure["accept_length"]) / eval_figure["accept_length"]
+    threshold = settings.min_accept_length
+    if accept is None or accept <= threshold:
+        report["status"] = "FAILED"
+        shown = "no speculative counters" if accept is None else f"accept length {accept:.3f}"
+        report["failure"] = (f"{shown} under speculation (<= {threshold:g} means the draft is effectively "
+                             f"unused); not a benchmark result")
+        report["likely_causes"] = list(LIKELY_CAUSES)
+    else:
+        report["status"] = "ok"
+    return report
+
+
+def failure_message(report: Mapping[str, Any], report_file: Any) -> str:
+    """The one-line error of a FAILED report: what was measured, the likely causes, where the report is."""
+    causes = "; ".join(f"({i}) {c}" for i, c in enumerate(report["likely_causes"], 1))
+    return f"bench FAILED: {report['failure']}. Likely causes: {causes}. Report: {report_file}"

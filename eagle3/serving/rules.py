@@ -1,0 +1,205 @@
+"""The server rules: what `server.*` (and `bench.*`) must satisfy before anything is launched.
+
+Checked twice: by `eagle3.config.validate` before any stage runs, and again by the launcher
+(`eagle3.serving.commands`) with the actual draft directory, so a config that bypassed the
+entrypoint still cannot bind a public address or serve an EAGLE-3 draft with EAGLE. They encode
+the failures that cost real projects weeks (FACTS.md): the EAGLE-vs-EAGLE3 flag, kernels that do
+not exist on sm120, flags in `extra_args` that would bypass these rules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig
+
+from eagle3.config.checks import ConfigErrors
+from eagle3.serving.engines import (
+    CPU_PROFILE,
+    EAGLE,
+    EAGLE3,
+    ENGINES,
+    LAUNCHER_FLAG_PREFIX,
+    LAUNCHER_FLAGS,
+    PROFILES,
+    SERVER_BACKENDS,
+    SM120_KERNELS_VALID,
+    SM120_MAX_MEM_FRACTION,
+    SM120_PROFILE,
+    SM120_UNSUPPORTED,
+    SPEC_ALGORITHMS,
+    VLLM,
+)
+from eagle3.serving.http import is_loopback_host
+
+__all__ = ["check_bench", "check_serve", "check_server", "draft_kind", "server_errors", "speculative_algorithm_error"]
+
+
+def draft_kind(draft_path: Optional[str]) -> Optional[str]:
+    """'eagle3', 'eagle' or None (unknown) for a draft checkpoint.
+
+    None as a path means the draft this pipeline exports, which is always EAGLE-3.
+    """
+    if draft_path is None:
+        return "eagle3"
+    config_file = Path(draft_path) / "config.json"
+    if config_file.is_file():
+        archs = json.loads(config_file.read_text()).get("architectures") or []
+        if any("eagle3" in a.lower() for a in archs):
+            return "eagle3"
+        if any("eagle" in a.lower() for a in archs):
+            return "eagle"
+        return None
+    return "eagle3" if "eagle3" in str(draft_path).lower().replace("-", "") else None
+
+
+def speculative_algorithm_error(algorithm: Optional[str], draft_path: Optional[str]) -> Optional[str]:
+    """The one-line error for a speculative algorithm that does not fit the draft, or None.
+
+    `draft_path` None means the draft this pipeline exports (EAGLE-3). Shared by config
+    validation and the launcher, which checks again once it knows the actual draft directory.
+    """
+    err = ConfigErrors()
+    kind = draft_kind(None if draft_path is None else str(draft_path))
+    if algorithm == EAGLE and kind == "eagle3":
+        err.add("server.speculative.algorithm", EAGLE,
+                "the draft is EAGLE-3: with EAGLE the server feeds it the final hidden state "
+                "instead of the 3 captured layers, the fc fusion layer is bypassed and accept "
+                "length collapses to ~1.0", EAGLE3)
+    elif algorithm == EAGLE3 and kind == "eagle":
+        err.add("server.speculative.algorithm", EAGLE3,
+                f"the draft at {draft_path} is EAGLE(-1/2): EAGLE3 feeds it 3 captured layers "
+                "it was not trained on", "EAGLE, or an EAGLE-3 draft")
+    return err.lines[0] if err.lines else None
+
+
+_FROM_CONFIG = object()
+
+
+def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
+    """The server rules alone, one line each; the launcher runs them again before a launch.
+
+    Args:
+        draft_path: The draft directory about to be served; by default
+            `server.speculative.draft_path` (None = this pipeline's export, EAGLE-3).
+    """
+    err = ConfigErrors()
+    check_server(server, model, err, draft_path)
+    return err.lines
+
+
+def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
+                 draft_path: Any = _FROM_CONFIG) -> None:
+    """Every `server.*` rule into `err` (`draft_path`: as in `server_errors`)."""
+    err.choice("server.backend", server.backend, SERVER_BACKENDS)
+    err.choice("server.profile", server.profile, PROFILES)
+    if not is_loopback_host(str(server.host)):
+        err.add("server.host", server.host, "servers this project launches bind loopback only",
+                "127.0.0.1, ::1 or localhost")
+    if not 0 < server.port < 65536:
+        err.add("server.port", server.port, "not a TCP port", "1-65535")
+    err.positive("server.tp", server.tp)
+    err.positive("server.dp", server.dp)
+    for url in server.urls:
+        if not str(url).startswith(("http://", "https://")):
+            err.add("server.urls", url, "not an HTTP endpoint", "http://HOST:PORT")
+
+    spec = server.speculative
+    err.choice("server.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
+    mismatch = speculative_algorithm_error(spec.algorithm,
+                                           spec.draft_path if draft_path is _FROM_CONFIG else draft_path)
+    if mismatch:
+        err.lines.append(mismatch)
+    if spec.algorithm is not None:
+        err.positive("server.speculative.num_steps", spec.num_steps)
+        err.positive("server.speculative.eagle_topk", spec.eagle_topk)
+        if spec.eagle_topk == 1 and spec.num_draft_tokens != spec.num_steps + 1:
+            err.add("server.speculative.num_draft_tokens", spec.num_draft_tokens,
+                    f"a chain draft (eagle_topk=1) of {spec.num_steps} steps verifies "
+                    f"num_steps+1 tokens", str(spec.num_steps + 1))
+    if spec.capture_layers is not None and list(spec.capture_layers) != list(model.capture_layers):
+        err.add("server.speculative.capture_layers", list(spec.capture_layers),
+                f"differs from model.capture_layers {list(model.capture_layers)}, "
+                "which the draft was trained on", str(list(model.capture_layers)))
+
+    if server.profile == SM120_PROFILE:
+        for field_name, value in server.kernels.items():
+            if value is not None and str(value).lower() in SM120_UNSUPPORTED:
+                err.add(f"server.kernels.{field_name}", value,
+                        "does not run on sm120 (Unsupported architecture)",
+                        SM120_KERNELS_VALID)
+        deepgemm = server.env.get("SGL_ENABLE_JIT_DEEPGEMM")
+        if deepgemm is not None and str(deepgemm) != "0":  # unset: the launcher sets "0"
+            err.add("server.env.SGL_ENABLE_JIT_DEEPGEMM", deepgemm,
+                    "DeepGEMM does not run on sm120; the JIT must be switched off", "'0' or unset")
+        if server.mem_fraction_static is not None and server.mem_fraction_static > SM120_MAX_MEM_FRACTION:
+            err.add("server.mem_fraction_static", server.mem_fraction_static,
+                    "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
+
+    mem = server.mem_fraction_static
+    if mem is not None and not 0 < mem <= 1:
+        err.add("server.mem_fraction_static", mem, "a fraction of the accelerator memory", "(0, 1] or null")
+    err.positive("server.startup_timeout_s", server.startup_timeout_s)
+    if server.profile == CPU_PROFILE:
+        if server.backend != VLLM:
+            err.add("server.profile", CPU_PROFILE, f"the cpu profile is vLLM's CPU build, not {server.backend}",
+                    ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or server.backend={VLLM})")
+        err.positive("server.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
+    if server.backend == VLLM:
+        for field_name, value in server.kernels.items():
+            if value is not None:
+                err.add(f"server.kernels.{field_name}", value,
+                        "an SGLang kernel flag; the vLLM launcher would ignore it",
+                        "null with server.backend=vllm (vLLM flags go in server.extra_args)")
+        if spec.algorithm is not None and spec.eagle_topk != 1:
+            err.add("server.speculative.eagle_topk", spec.eagle_topk,
+                    "vLLM drafts a chain of num_steps tokens", "1")
+    for arg in server.extra_args:
+        flag = str(arg).split("=", 1)[0]
+        owner = LAUNCHER_FLAGS.get(flag)
+        if owner is None and flag.startswith(LAUNCHER_FLAG_PREFIX[0]):
+            owner = LAUNCHER_FLAG_PREFIX[1]
+        if owner is not None:
+            err.add("server.extra_args", str(arg), f"the launcher sets this flag from {owner} (and checks it there)",
+                    f"set {owner} instead")
+
+
+def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
+    """stage=serve launches (or checks) an HTTP server: the in-process backend has none."""
+    if cfg.server.backend not in ENGINES:
+        err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
+                f"{', '.join(ENGINES)} (e.g. server=sglang)")
+
+
+def check_bench(cfg: DictConfig, err: ConfigErrors) -> None:
+    """stage=bench: an HTTP server, with speculation on (the baseline is derived from it)."""
+    server, bench = cfg.server, cfg.bench
+    if server.backend not in ENGINES:
+        err.add("server.backend", server.backend, "stage=bench measures an HTTP server",
+                f"{', '.join(ENGINES)} (e.g. server=vllm)")
+    if server.speculative.algorithm is None:
+        err.add("server.speculative.algorithm", None, "stage=bench compares the target with and without "
+                "the draft; the baseline turns speculation off by itself", EAGLE3)
+    err.positive("bench.num_prompts", bench.num_prompts)
+    err.positive("bench.max_new_tokens", bench.max_new_tokens)
+    err.positive("bench.concurrency", bench.concurrency)
+    err.positive("bench.repeats", bench.repeats)
+    err.positive("bench.request_timeout_s", bench.request_timeout_s)
+    err.not_negative("bench.warmup_requests", bench.warmup_requests)
+    if bench.min_accept_length < 1:
+        err.add("bench.min_accept_length", bench.min_accept_length,
+                "an accept length is at least 1 (the target's own token)", ">= 1")
+    for url in bench.baseline_urls:
+        if not str(url).startswith(("http://", "https://")):
+            err.add("bench.baseline_urls", url, "not an HTTP endpoint", "http://HOST:PORT")
+    if server.urls and bench.baseline and not bench.baseline_urls:
+        err.add("bench.baseline_urls", [], "with server.urls nothing is launched, so the baseline (the "
+                "target without the draft) needs its own running server",
+                "bench.baseline_urls=[http://HOST:PORT], or bench.baseline=false")
+    if bench.baseline_urls and not server.urls:
+        err.add("bench.baseline_urls", list(bench.baseline_urls), "only used with server.urls (connect mode); "
+                "otherwise bench launches both servers", "[] or set server.urls to the speculative server")
+
+

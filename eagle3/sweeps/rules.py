@@ -1,0 +1,30 @@
+"""The config rules of `stage=report`: the sweep exists (or, with null, some sweep does), and
+`report.x` is an override that varies in it."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from eagle3.config.checks import ConfigErrors
+from eagle3.sweeps.collect import (
+    JOB_AXIS,
+    SCALE_KEY,
+    SweepNotFound,
+    build_report,
+    resolve_sweep_dir,
+)
+
+
+def check_report(cfg: DictConfig, err: ConfigErrors) -> None:
+    """Every `report.*` rule into `err` (registered for `stage=report` in `eagle3.stages`)."""
+    try:
+        sweep = resolve_sweep_dir(cfg.report.sweep_dir, cfg.paths.root)
+    except SweepNotFound as exc:
+        err.add("report.sweep_dir", cfg.report.sweep_dir, exc.why, exc.valid)
+        return
+    x = cfg.report.x
+    if x is not None and x not in (SCALE_KEY, "data_scale", JOB_AXIS):
+        varying = build_report(sweep)["varying_overrides"]
+        if x not in varying:
+            err.add("report.x", x, f"not an override that varies across the jobs of {sweep}",
+                    ", ".join(["null", SCALE_KEY, JOB_AXIS, *[k for k in varying if k != SCALE_KEY]]))

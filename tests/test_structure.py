@@ -1,0 +1,135 @@
+"""The package's shape: every module imports on its own, the import graph has no cycle, modules stay
+small enough to read, and the one-place rules (one lock, one HTTP layer, loggers by class) hold."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from eagle3.paths import PROJECT_ROOT
+
+PACKAGE = PROJECT_ROOT / "eagle3"
+MAX_MODULE_LINES = 450
+MAX_STAGE_LINES = 250
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the eagle3 modules it imports anywhere in its body (module level or inside functions).
+
+    `from eagle3.x import y` is an edge to `eagle3.x.y` when that is a module, else to `eagle3.x`.
+    """
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        edges: set[str] = set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base
+                           for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in MODULES:  # `import eagle3.x.y.z` of a name: its module
+                    target = target.rpartition(".")[0]
+                if target.startswith("eagle3") and target != name:
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a path `[a, b, ..., a]`, or [] when there is none."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return []
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 80
+    assert "eagle3.serving.http" in graph["eagle3.generation.http_backend"]  # module-level edges are seen
+    assert "eagle3.generation.hf_backend" not in graph["eagle3.generation.factory"]  # a registry names strings
+    assert "eagle3.draft.export" in graph["eagle3.serving.commands"]  # imports inside functions count too
+    assert find_cycle(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def _import_alone(module: str) -> tuple[str, int, str]:
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    return module, done.returncode, last
+
+
+@pytest.mark.slow
+def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(_import_alone, MODULES))
+    failed = [f"{module}: {error}" for module, code, error in results if code != 0]
+    assert not failed, "\n".join(failed)
+    assert len(results) == len(MODULES) > 80
+
+
+def test_modules_stay_readable_and_stage_modules_stay_wiring():
+    too_long = []
+    for name, path in MODULES.items():
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        limit = MAX_STAGE_LINES if name.startswith("eagle3.stages.") else MAX_MODULE_LINES
+        if lines > limit:
+            too_long.append(f"{path.relative_to(PROJECT_ROOT)}: {lines} lines > {limit}")
+    assert not too_long
+
+
+@pytest.mark.parametrize("pattern,why", [
+    (r"\bfcntl\b", "locks are eagle3.artifacts.locks (filelock)"),
+    (r"\burllib\.request\b|^\s*import urllib\b|\bhttp\.client\b", "HTTP is eagle3.serving.http (aiohttp)"),
+    (r"__name__\s*==\s*[\"']\w*Logger|endswith\([\"']\w*Logger", "loggers are told apart with isinstance "
+                                                                  "(eagle3.reports.loggers)"),
+])
+def test_one_implementation_of_each_thing(pattern, why):
+    hits = [f"{path.relative_to(PROJECT_ROOT)}:{i}" for path in MODULES.values()
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if re.search(pattern, line)]
+    assert not hits, f"{why}: {hits}"
