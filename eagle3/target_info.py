@@ -8,9 +8,11 @@ One module for the questions every stage asks of `model.path` (a hub id or a loc
 * how fingerprints name it, by what each output depends on: `weights_identity` (hidden states:
   content hash of a small checkpoint, names + sizes + json contents of a huge one),
   `files_signature` (regenerated answers: file names and sizes), `tokenizer_identity`
-  (tokenized data: the tokenizer files' content). They are three hashes today because the
-  outputs they key were fingerprinted that way; one cheap identity that still changes with the
-  weights is issue 15's (changing any of them moves every existing output directory).
+  (tokenized data: the tokenizer files' content), `weights_file_digest` (the demo target's
+  answers in demo_native: its one weights file) and `location` (a benchmark: where the served
+  model is). They differ because the outputs they key were fingerprinted that way, and changing
+  any of them moves every existing output directory; one cheap identity that still changes
+  with the weights, used everywhere, is the next step (a deliberate fingerprint change).
 
 Torch-free and cheap to import (`eagle3.config.validate` reads configs through it).
 """
@@ -23,8 +25,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["FULL_HASH_LIMIT", "files_signature", "read_config", "resolve_dir", "tokenizer_identity",
-           "weights_identity"]
+__all__ = ["FULL_HASH_LIMIT", "files_signature", "location", "read_config", "resolve_dir", "tokenizer_identity",
+           "weights_file_digest", "weights_identity"]
 
 CONFIG_FILE = "config.json"
 DEFAULT_TEXT_CONFIG_KEY = "text_config"
@@ -137,3 +139,17 @@ def tokenizer_identity(path: str, revision: Optional[str]) -> dict[str, Any]:
     if directory.is_dir():
         return {"local_files_sha256": _tokenizer_files_sha256(directory)}
     return {"hub_id": str(path), "revision": revision}
+
+
+def weights_file_digest(path: str | Path, weights_file: str = "model.safetensors") -> str:
+    """Content hash (16 hex digits) of a checkpoint directory's single weights file."""
+    digest = hashlib.sha256()
+    with open(Path(path) / weights_file, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def location(path: str, revision: Optional[str]) -> dict[str, Any]:
+    """Where the target is, as configured (`model.path`, `model.revision`): what a server is asked to load."""
+    return {"path": str(path), "revision": revision}

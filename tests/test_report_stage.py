@@ -364,3 +364,30 @@ def test_callback_writes_the_report_at_the_end_of_a_multirun(sweep, tmp_path):
     assert [r["job_num"] for r in report["jobs"]] == [0, 1, 2]
     # A sweep dir that is gone: a warning, never an exception that would fail the finished sweep.
     callback.on_multirun_end(config=OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "gone")}}}))
+
+
+def test_overrides_are_read_with_hydras_grammar():
+    """`+key`, `~key`, quoted values and group packages: splitting on "=" got all of these wrong."""
+    from eagle3.sweeps.jobs import parse_overrides
+
+    assert parse_overrides(["data.scale=64", "+server.env.X=1", "~train.lr", "++a.b=[1,2]", 'dataset.name="my set"',
+                            "x='a=b'", "db@backup=mysql", "model=kimi_k25"]) == {
+        "data.scale": "64", "server.env.X": "1", "train.lr": "(deleted)", "a.b": "[1,2]", "dataset.name": "my set",
+        "x": "a=b", "db@backup": "mysql", "model": "kimi_k25"}
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_jobs_wandb_run_ends_with_the_jobs_outcome(tmp_path, monkeypatch, failed):
+    """A failed job's run is closed as failed (exit code 1), a finished one with 0."""
+    from eagle3.tracking import finish_job, job_loggers
+    from tests.wandb_records import read_run
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # offline
+    cfg = compose_config([f"paths.root={tmp_path}", "logger=wandb"])
+    [logger] = job_loggers(cfg, tmp_path / "run")
+    logger.log_metrics({"x": 1.0})
+    finish_job(failed=failed)
+    [run_file] = (tmp_path / "logs" / "wandb").glob("offline-run-*/run-*.wandb")
+    run = read_run(run_file)
+    assert run["exit_code"] == (1 if failed else 0)
+    assert run["history"] and run["history"][0]["x"] == 1.0

@@ -80,10 +80,12 @@ def _complete_records(path: Path, timeout_s: float) -> list:
 
 
 def read_run(path: Path, timeout_s: float = 60.0) -> dict:
-    """History rows, summary, config keys and group of a finished offline run file."""
-    history, summary, config, group = [], {}, {}, None
+    """History rows, summary, config keys, group and exit code of a finished offline run file."""
+    history, summary, config, group, exit_code = [], {}, {}, None, None
     for record in _complete_records(path, timeout_s):
         kind = record.WhichOneof("record_type")
+        if kind == "exit":
+            exit_code = record.exit.exit_code
         if kind == "history":
             history.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
         elif kind == "summary":
@@ -93,4 +95,4 @@ def read_run(path: Path, timeout_s: float = 60.0) -> dict:
         if kind in ("config", "run"):
             updates = record.config.update if kind == "config" else record.run.config.update
             config.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in updates})
-    return {"history": history, "summary": summary, "config": config, "group": group}
+    return {"history": history, "summary": summary, "config": config, "group": group, "exit_code": exit_code}

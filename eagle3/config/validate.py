@@ -23,6 +23,7 @@ from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
 from eagle3.draft.options import OUT_OF_VOCAB_POLICIES, PRECISIONS, STRATEGIES
 from eagle3.dtypes import DTYPES
+from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
@@ -31,8 +32,6 @@ from eagle3.serving.engines import SERVER_BACKENDS
 from eagle3.serving.rules import check_server
 from eagle3.target_info import read_config
 
-#: `extract.backend`: where hidden states come from (the in-process transformers forward).
-EXTRACT_BACKENDS = ("hf",)
 SECRET_KEY_RE = re.compile(
     r"^(token|secret|password)$|(api_?key|access_token|auth_token|hf_token|_password|_secret)$"
 )

@@ -12,3 +12,6 @@ Modules, in the order data flows through them:
 
 Importing this package is cheap; the submodules import torch (and transformers, lazily).
 """
+
+#: `extract.backend`: where hidden states come from (the in-process transformers forward).
+BACKENDS = ("hf",)

@@ -124,6 +124,11 @@ class ServerCommand:
     def health_paths(self) -> tuple[str, ...]:
         return HEALTH_PATHS[self.backend]
 
+    @property
+    def log_name(self) -> str:
+        """The server's log file name in the run directory: `<backend>-<port>.log`."""
+        return f"{self.backend}-{self.port}.log"
+
     def shell(self) -> str:
         """The command as one line a user can paste into a shell (environment first)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))

@@ -352,7 +352,7 @@ def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLik
 
     With `server.urls` set, nothing is launched: each URL must answer its health check. Otherwise
     the command for `server.backend` is built (draft checked) and run, logging to
-    `run_dir/<backend>-<port>.log`, and stopped when the block ends.
+    `run_dir/<backend>-<port>.log` (`ServerCommand.log_name`), and stopped when the block ends.
 
     Args:
         cfg: The composed config.
@@ -366,6 +366,6 @@ def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLik
         yield check_health(list(server.urls), str(server.backend), timeout_s=connect_timeout_s)
         return
     command = build_command(cfg, draft)
-    log_path = Path(run_dir) / f"{command.backend}-{command.port}.log"
+    log_path = Path(run_dir) / command.log_name
     with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo) as proc:
         yield [proc.url]

@@ -57,13 +57,8 @@ from eagle3.serving.benchmark import (
     failure_message,
     run_benchmark,
 )
-from eagle3.stages.base import (
-    MissingInput,
-    StageContext,
-    UnitStage,
-    mixture_unit,
-    require,
-)
+from eagle3.stages.base import MissingInput, StageContext, UnitStage, mixture_unit, require
+from eagle3.target_info import location
 
 log = logging.getLogger("eagle3")
 
@@ -86,7 +81,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     bench.pop("request_timeout_s", None)
     if not _connect_mode(cfg):
         bench.pop("baseline_urls", None)
-    return {"bench": bench, "server": server, "model": {"path": str(cfg.model.path), "revision": cfg.model.revision},
+    return {"bench": bench, "server": server, "model": location(cfg.model.path, cfg.model.revision),
             "format": FORMAT_VERSION}
 
 

@@ -12,10 +12,11 @@ from typing import Any, Iterator, Optional
 
 from omegaconf import DictConfig
 
-from eagle3.artifacts import Manifest, StageOutput, file_sha256, progress
+from eagle3.artifacts import Manifest, StageOutput, progress
 from eagle3.demo.datasets import DEMO_NATIVE, DEMO_PROMPTS
 from eagle3.paths import asset_path
 from eagle3.stages.base import StageContext, UnitStage
+from eagle3.target_info import weights_file_digest
 
 DATA_FILE = "data.jsonl"
 DEMO_TARGET = "demo_target"
@@ -23,7 +24,7 @@ DEMO_TARGET = "demo_target"
 
 def _target_fingerprint() -> str:
     """Hash of the demo target's weights: demo_native answers change when the target does."""
-    return file_sha256(asset_path(DEMO_TARGET) / "model.safetensors")[:16]
+    return weights_file_digest(asset_path(DEMO_TARGET))
 
 
 def _units(cfg: DictConfig) -> list[str]:

@@ -79,7 +79,7 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
         print(command.shell(), file=out, flush=True)
         return []
 
-    log_path = ctx.run_dir / f"{command.backend}-{command.port}.log"
+    log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)
     try:
