@@ -17,10 +17,14 @@ is the same at every scale and never overlaps train.
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from pathlib import Path
+from typing import Any, Iterable, Optional
 
 import numpy as np
+
+from eagle3.artifacts import StageOutput, progress, read_jsonl
 
 #: The merge stage's two files, one record per sample, by split (extract and train read them).
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
@@ -105,3 +109,65 @@ def split_mixture(candidates: list[Candidate], weights: dict[str, float], scale:
     limit = len(ordered) if scale is None else min(scale, len(ordered))
     return Split(train=ordered[:limit], eval=eval_part, duplicates=duplicates,
                  not_selected=ordered[limit:], zero_weight=zero_weight)
+
+
+def _read_candidates(sources: dict[str, tuple[Path, Optional[int]]], out: StageOutput) -> list[Candidate]:
+    candidates = []
+    for source, (path, total) in sorted(sources.items()):
+        for record in progress(read_jsonl(path), total=total, desc=f"merge: scan {source}"):
+            out.count_in()
+            candidates.append(Candidate(source=source, id=str(record["id"]),
+                                        token_hash=token_hash(record["input_ids"]),
+                                        n_tokens=len(record["input_ids"])))
+    return candidates
+
+
+def _per_source_stats(split_name: str, chosen: list[Candidate], stats: dict) -> None:
+    for cand in chosen:
+        entry = stats[cand.source]
+        entry[f"{split_name}_samples"] += 1
+        entry[f"{split_name}_tokens"] += cand.n_tokens
+
+
+def write_mixture(out: StageOutput, sources: dict[str, tuple[Path, Optional[int]]], weights: dict[str, float],
+                  scale: Optional[int], eval_size: int, seed: int) -> dict[str, Any]:
+    """Mix the tokenized sources into `out`'s TRAIN_FILE and EVAL_FILE (`split_mixture`), with counts.
+
+    Args:
+        out: The open merge output.
+        sources: Source name -> (its tokenized file, its record count when known).
+        weights, scale, eval_size, seed: As in `split_mixture`.
+
+    Returns:
+        The manifest `extra`: samples and tokens per split, per-source figures, the file names.
+    """
+    candidates = _read_candidates(sources, out)
+    split = split_mixture(candidates, weights, scale, eval_size, seed)
+    out.count_reject("duplicate_tokens", len(split.duplicates))
+    out.count_reject("not_selected", len(split.not_selected))
+    out.count_reject("zero_weight", len(split.zero_weight))
+
+    placement = {c.id: ("train", rank) for rank, c in enumerate(split.train)}
+    placement.update({c.id: ("eval", rank) for rank, c in enumerate(split.eval)})
+    writers = {name: out.records(file) for name, file in SPLIT_FILES.items()}
+    for source, (path, _) in sorted(sources.items()):
+        for record in read_jsonl(path):
+            where = placement.get(str(record["id"]))
+            if where is None or out.is_done(record["id"]):
+                continue
+            split_name, rank = where
+            writers[split_name].write({**record, "split": split_name, "mix_rank": rank})
+
+    stats: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    _per_source_stats("train", split.train, stats)
+    _per_source_stats("eval", split.eval, stats)
+    for cand in candidates:
+        stats[cand.source]["available"] += 1
+    return {
+        "scale_requested": scale,
+        "train_samples": len(split.train),
+        "eval_samples": len(split.eval),
+        "train_tokens": sum(c.n_tokens for c in split.train),
+        "per_source": {k: dict(v) for k, v in sorted(stats.items())},
+        "files": dict(SPLIT_FILES),
+    }

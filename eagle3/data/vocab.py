@@ -8,11 +8,15 @@ which target ids exist in the draft vocabulary.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
+
+from eagle3.artifacts import StageOutput, atomic_write_bytes, progress, read_jsonl
 
 
 def count_masked_tokens(samples: Iterable[tuple[list[int], list[int]]], target_vocab: int) -> np.ndarray:
@@ -67,3 +71,46 @@ def coverage(counts: np.ndarray, t2d: torch.Tensor) -> float:
     if total == 0:
         return 1.0
     return float(counts[t2d.numpy()].sum()) / total
+
+
+def _pairs(path: Path, out: Optional[StageOutput], desc: str) -> Iterator[tuple[list[int], list[int]]]:
+    """(input_ids, loss_mask) of a split; with `out`, every sample counts as in and out."""
+    for record in progress(read_jsonl(path), desc=desc):
+        if out is not None:
+            out.count_in()
+            out.count_out()
+        yield record["input_ids"], record["loss_mask"]
+
+
+def _save(tensor: torch.Tensor, path: Path) -> None:
+    """`torch.save` into memory, then one atomic write: the file's bytes depend on the tensor only
+    (saved under a file name, torch's archive would carry the temporary name)."""
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def build_vocab(out: StageOutput, train_split: Path, eval_split: Path, target_vocab: int, draft_vocab: int,
+                d2t_name: str, t2d_name: str) -> dict[str, Any]:
+    """Count the train split's loss-masked tokens, keep the `draft_vocab` most frequent, write d2t/t2d.
+
+    Returns:
+        The manifest `extra`: vocabulary size, token counts and coverage on train and eval.
+    """
+    train_counts = count_masked_tokens(_pairs(train_split, out, "vocab: count"), target_vocab)
+    eval_counts = count_masked_tokens(_pairs(eval_split, None, "vocab: eval"), target_vocab)
+    selected = select_draft_tokens(train_counts, draft_vocab)
+    mapping = VocabMapping.from_selected(selected, target_vocab)
+    _save(mapping.d2t, out.path(d2t_name))
+    _save(mapping.t2d, out.path(t2d_name))
+    train_cov, eval_cov = coverage(train_counts, mapping.t2d), coverage(eval_counts, mapping.t2d)
+    out.count("coverage_train", round(train_cov, 4))
+    out.count("coverage_eval", round(eval_cov, 4))
+    return {
+        "draft_vocab": int(selected.size),
+        "distinct_masked_tokens": int((train_counts > 0).sum()),
+        "masked_tokens_train": int(train_counts.sum()),
+        "coverage_train": train_cov,
+        "coverage_eval": eval_cov,
+        "files": {"d2t": d2t_name, "t2d": t2d_name},
+    }

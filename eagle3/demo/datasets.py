@@ -22,6 +22,7 @@ import json
 import random
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any, Optional
 
 from eagle3.chat_formats.kimi import parse_kimi_assistant
 from eagle3.demo import conversations as convs
@@ -201,3 +202,28 @@ def demo_native_records(num_samples: int, seed: int, target_path: str | Path = c
             record["meta"] = {**_meta(plan), "truncated_turns": state["truncated"]}
             yield record
             emitted += 1
+
+
+def write_demo_source(out: Any, generator: str, num_samples: Optional[int], seed: int, target_path: Path,
+                      output_name: str) -> None:
+    """Generate a demo source's records into `out` (resumable by id: done ids are not regenerated).
+
+    A demo_native turn cut at max_new_tokens is rejected (`length_cut`): closed by the template,
+    not by the target, it would teach as target-native data an end-of-turn the target never wrote.
+    """
+    from eagle3.artifacts import progress
+
+    records = out.records(output_name)  # opened first: its earlier records are part of done_ids
+    if generator == DEMO_PROMPTS:
+        stream = demo_prompts_records(num_samples, seed)
+    else:
+        stream = demo_native_records(num_samples, seed, target_path, skip_ids=set(out.done_ids))
+    for record in progress(stream, total=num_samples, desc=f"demo_data {out.name}"):
+        out.count_in()
+        if out.is_done(record["id"]):
+            continue
+        cut = (record.get("meta") or {}).get("truncated_turns", 0)
+        if cut:
+            out.reject(record["id"], "length_cut", f"{cut} assistant turn(s) hit max_new_tokens")
+        else:
+            records.write(record)

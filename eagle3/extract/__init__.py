@@ -4,13 +4,14 @@ Modules, in the order data flows through them:
 - `target`: load the target (transformers) and find its decoder layers and final norm;
 - `capture`: pre-hooks that capture the residual stream entering the capture layers, padded
   token-budget batches, and the batch plan;
-- `formats`: bf16 / fp8 (per-token scales) / fp32 encodings, bytes per token, measured error;
-- `store`: content-keyed safetensors shards + per-job index files (writer and reader);
+- `formats`: the storage formats (bf16 / fp8 / fp32) by name and their bytes per token (torch-free);
+- `codec`: their encodings (fp8 with per-token scales) and the measured error;
+- `store`, `writer`: content-keyed safetensors shards + per-job index files (reader, writer);
 - `preflight`: disk estimate and refusal before the model loads, and the dry-run plan;
-- `runner`: the per-unit loop (reuse, preflight, capture, reject, store);
+- `runner`: the per-unit loop (reuse, preflight, capture, reject, store); `summary`: its manifest;
 - `dataset`: the map-style Dataset the trainer reads.
 
-Importing this package is cheap; the submodules import torch (and transformers, lazily).
+Importing this package is cheap; most submodules import torch (and transformers, lazily).
 """
 
 #: `extract.backend`: where hidden states come from (the in-process transformers forward).

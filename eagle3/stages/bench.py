@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.data.heldout import heldout_prompts
+from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import bench as bench_report
 from eagle3.reports.eval import REPORT_FILES as EVAL_REPORT_FILES
 from eagle3.reports.files import copy_files
@@ -63,7 +64,6 @@ from eagle3.target_info import location
 log = logging.getLogger("eagle3")
 
 FORMAT_VERSION = 1
-
 
 
 def _connect_mode(cfg: DictConfig) -> bool:
@@ -179,7 +179,6 @@ def benchmark(cfg: DictConfig, ctx: StageContext, unit: str, prompts: list[dict]
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    from eagle3.stages.merge import EVAL_FILE
     from eagle3.tracking import job_loggers
 
     inputs = _unit_inputs(cfg, ctx, unit)

@@ -8,12 +8,12 @@ the demo target, target-native track). Only sources with a `generator` are units
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from eagle3.artifacts import Manifest, StageOutput, progress
-from eagle3.demo.datasets import DEMO_NATIVE, DEMO_PROMPTS
+from eagle3.artifacts import Manifest, StageOutput
+from eagle3.demo.datasets import DEMO_NATIVE
 from eagle3.paths import asset_path
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.target_info import weights_file_digest
@@ -49,31 +49,13 @@ def _no_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manif
     return {}
 
 
-def _records(generator: str, num_samples: int, seed: int, done: set) -> Iterator[dict[str, Any]]:
-    # Imported here: generating demo_native loads torch and the target, which config-only
-    # commands (validation, --cfg) should not pay for.
-    from eagle3.demo import datasets
-
-    if generator == DEMO_PROMPTS:
-        return datasets.demo_prompts_records(num_samples, seed)
-    return datasets.demo_native_records(num_samples, seed, asset_path(DEMO_TARGET), skip_ids=done)
-
-
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    # Imported here: generating demo_native loads torch and the target, which config-only
+    # commands (validation, --cfg, stage=plan) should not pay for.
+    from eagle3.demo.datasets import write_demo_source
+
     src = cfg.dataset.sources[unit]
-    records = out.records(DATA_FILE)
-    stream = _records(src.generator, src.num_samples, cfg.data.seed, set(out.done_ids))
-    for record in progress(stream, total=src.num_samples, desc=f"demo_data {unit}"):
-        out.count_in()
-        if out.is_done(record["id"]):
-            continue
-        cut = (record.get("meta") or {}).get("truncated_turns", 0)
-        if cut:
-            # A turn cut at max_new_tokens is closed by the template, not by the target: as
-            # target-native training data it would teach an end-of-turn the target never wrote.
-            out.reject(record["id"], "length_cut", f"{cut} assistant turn(s) hit max_new_tokens")
-        else:
-            records.write(record)
+    write_demo_source(out, src.generator, src.num_samples, int(cfg.data.seed), asset_path(DEMO_TARGET), DATA_FILE)
     return {"schema": src.schema, "track": src.track, "file": DATA_FILE}
 
 

@@ -33,7 +33,6 @@ FORMAT_VERSION = 1
 EVAL_ENGINE_EXPORT = "vllm"  # the export read back for evaluation (both hold the same tensors)
 
 
-
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     return {"eval": OmegaConf.to_container(cfg.eval, resolve=True), "format": FORMAT_VERSION}
 

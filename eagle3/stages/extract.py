@@ -22,14 +22,13 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from eagle3.artifacts import Manifest, StageOutput, read_jsonl
-from eagle3.extract import formats
+from eagle3.artifacts import Manifest, StageOutput
 from eagle3.extract.preflight import DiskSpaceError, plan_report
-from eagle3.extract.runner import KEYS_FILE, UnitJob, run_extraction
-from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name
+from eagle3.extract.runner import UnitJob, run_extraction
+from eagle3.extract.store import StoreSpec
+from eagle3.extract.summary import unit_summary
 from eagle3.extract.target import check_geometry, load_target
 from eagle3.extract.writer import DiskFull
-from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import MERGE
 from eagle3.target_info import weights_identity
@@ -49,7 +48,6 @@ def store_spec(cfg: DictConfig) -> StoreSpec:
 
 def store_dir(cfg: DictConfig) -> Path:
     return Path(cfg.extract.store_root).expanduser().resolve() / store_spec(cfg).dirname
-
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -85,80 +83,14 @@ def _load(cfg: DictConfig):
     return parts
 
 
-def _error_stats(store: HiddenStateStore, rows: list[dict]) -> dict[str, float]:
-    """Worst and mean per-token relative error of the stored values over the unit's samples."""
-    seen: set[str] = set()
-    worst, total, tokens = [0.0, 0.0], [0.0, 0.0], 0
-    for row in rows:
-        if row["key"] in seen or row["key"] not in store:
-            continue
-        seen.add(row["key"])
-        entry = store.entries[row["key"]]
-        tokens += entry.seq_len
-        for j in (0, 1):
-            worst[j] = max(worst[j], entry.err_max[j])
-            total[j] += entry.err_sum[j]
-    mean = [t / tokens if tokens else 0.0 for t in total]
-    return {"aux_max": worst[0], "aux_mean": mean[0], "final_max": worst[1], "final_mean": mean[1]}
-
-
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
-    spec, where = store_spec(cfg), store_dir(cfg)
     ex = cfg.extract
-    job = UnitJob(merged_dir=Path(merged.dir), store_dir=where, spec=spec, shard=ex.shard,
+    job = UnitJob(merged_dir=Path(merged.dir), store_dir=store_dir(cfg), spec=store_spec(cfg), shard=ex.shard,
                   num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
                   disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
                   load=lambda: _load(cfg))
-    stats = run_extraction(job, out)
-
-    keys = out.records(KEYS_FILE)
-    keys.flush()
-    rows = list(read_jsonl(keys.partial_path))
-    store = HiddenStateStore(where)
-    lost = [r["id"] for r in rows if r["key"] not in store]
-    if lost:  # e.g. a shard deleted between a killed run and this one: never finalize a lie
-        raise RuntimeError(f"{len(lost)} samples this unit recorded are no longer in the store {where} "
-                           f"(e.g. {lost[:3]}); rerun with force=true to extract them again")
-    extracted = [r for r in rows if not r["reused"]]
-    tokens = sum(r["seq_len"] for r in rows)
-    tokens_extracted = sum(r["seq_len"] for r in extracted)
-    bpt = {f: formats.bytes_per_token(f, spec.hidden_size, len(spec.capture_layers)) for f in formats.FORMATS}
-    out.count("tokens", tokens)
-    out.count("extracted", len(extracted))
-    out.count("reused", len(rows) - len(extracted))
-    errors = _error_stats(store, rows)
-    if stats["orphan_shards"]:
-        log.warning("store %s: %d shard files of job %s are not indexed (a killed run); they are ignored",
-                    where, stats["orphan_shards"], job_name(ex.shard, ex.num_shards))
-    return {
-        "store_dir": str(where),
-        "store_fingerprint": spec.fingerprint,
-        "store_identity": spec.identity(),
-        "job": job_name(ex.shard, ex.num_shards),
-        "storage_format": spec.storage_format,
-        "capture_layers": list(spec.capture_layers),
-        **{f"{engine}_aux_layer_ids": engine_aux_layer_ids(spec.capture_layers, engine) for engine in ENGINES},
-        "bytes_per_token": bpt[spec.storage_format],
-        "bytes_per_token_by_format": bpt,
-        "samples": len(rows),
-        "samples_by_split": {s: sum(r["split"] == s for r in rows) for s in ("train", "eval")},
-        "samples_extracted": len(extracted),
-        "samples_reused": len(rows) - len(extracted),
-        "samples_from_earlier_runs": stats["done_earlier"],  # resumed after a kill / full disk
-        "tokens": tokens,
-        "tokens_extracted": tokens_extracted,
-        "tokens_reused": tokens - tokens_extracted,
-        "unit_store_bytes_estimate": tokens * bpt[spec.storage_format] + len(rows) * formats.SAMPLE_OVERHEAD_BYTES,
-        "store_samples_total": len(store),
-        # Per-token relative L2 error of what is stored vs what the target computed.
-        "reconstruction_error": errors,
-        "other_shards": stats["other_shards"],
-        "orphan_shards": stats["orphan_shards"],
-        "extract_tokens_per_s": round(stats["tokens_this_run"] / stats["seconds_this_run"], 1)
-        if stats["seconds_this_run"] else None,
-        "files": {"keys": KEYS_FILE},
-    }
+    return unit_summary(job, out, run_extraction(job, out))
 
 
 def dry_run(cfg: DictConfig) -> str:

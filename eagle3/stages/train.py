@@ -33,7 +33,6 @@ FORMAT_VERSION = 1
 _UNTRACKED = ("log_every_n_steps", "num_workers")
 
 
-
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     train = OmegaConf.to_container(cfg.train, resolve=True)
     return {

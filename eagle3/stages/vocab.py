@@ -11,13 +11,13 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from eagle3.artifacts import Manifest, StageOutput, atomic_path, progress, read_jsonl
+from eagle3.artifacts import Manifest, StageOutput
+from eagle3.data.mixture import EVAL_FILE, TRAIN_FILE
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
-from eagle3.stages.merge import EVAL_FILE, MERGE, TRAIN_FILE
+from eagle3.stages.merge import MERGE
 
 D2T_FILE = "d2t.pt"
 T2D_FILE = "t2d.pt"
-
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -29,50 +29,13 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {"merged": require(MERGE, cfg, ctx, unit)}
 
 
-def _pairs(path, out: StageOutput | None, desc: str):
-    """(input_ids, loss_mask) of a split; with `out`, every sample counts as in and out."""
-    for record in progress(read_jsonl(path), desc=desc):
-        if out is not None:
-            out.count_in()
-            out.count_out()
-        yield record["input_ids"], record["loss_mask"]
-
-
-def _save(tensor, path) -> None:
-    import torch
-
-    with atomic_path(path) as tmp:
-        torch.save(tensor, tmp)
-
-
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    # torch/numpy load here, not at import: every CLI call imports the stage registry.
-    from eagle3.data.vocab import (
-        VocabMapping,
-        count_masked_tokens,
-        coverage,
-        select_draft_tokens,
-    )
+    # torch/numpy load here, not at import: stage=plan walks every stage and loads no model code.
+    from eagle3.data.vocab import build_vocab
 
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
-    target_vocab = cfg.model.vocab_size
-    train_counts = count_masked_tokens(_pairs(merged.dir / TRAIN_FILE, out, "vocab: count"), target_vocab)
-    eval_counts = count_masked_tokens(_pairs(merged.dir / EVAL_FILE, None, "vocab: eval"), target_vocab)
-    selected = select_draft_tokens(train_counts, cfg.model.draft.vocab_size)
-    mapping = VocabMapping.from_selected(selected, target_vocab)
-    _save(mapping.d2t, out.path(D2T_FILE))
-    _save(mapping.t2d, out.path(T2D_FILE))
-    train_cov, eval_cov = coverage(train_counts, mapping.t2d), coverage(eval_counts, mapping.t2d)
-    out.count("coverage_train", round(train_cov, 4))
-    out.count("coverage_eval", round(eval_cov, 4))
-    return {
-        "draft_vocab": int(selected.size),
-        "distinct_masked_tokens": int((train_counts > 0).sum()),
-        "masked_tokens_train": int(train_counts.sum()),
-        "coverage_train": train_cov,
-        "coverage_eval": eval_cov,
-        "files": {"d2t": D2T_FILE, "t2d": T2D_FILE},
-    }
+    return build_vocab(out, merged.dir / TRAIN_FILE, merged.dir / EVAL_FILE, int(cfg.model.vocab_size),
+                       int(cfg.model.draft.vocab_size), D2T_FILE, T2D_FILE)
 
 
 VOCAB = UnitStage(
