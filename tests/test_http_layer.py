@@ -36,6 +36,7 @@ class Recorder:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                self.send_header("retry-after", "7")  # lowercase, as h11-based servers (uvicorn) send names
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -65,6 +66,7 @@ def test_loopback_urls_never_go_through_the_environments_proxy(proxied):
     engine, proxy = proxied
     reply = request_sync("GET", engine.url + "/v1/models", timeout=10)
     assert reply.status == 200 and reply.json()["data"][0]["id"] == "engine-model"
+    assert reply.headers.get("Retry-After") == "7"  # header names are case-insensitive
     localhost = engine.url.replace("127.0.0.1", "localhost")
     assert request_sync("GET", localhost + "/health", timeout=10).status == 200
     assert engine.seen == ["/v1/models", "/health"] and proxy.seen == []

@@ -18,7 +18,7 @@ import asyncio
 import ipaddress
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 from urllib.parse import urlsplit
 
 __all__ = ["Client", "HTTPFailure", "Reply", "is_loopback_host", "is_loopback_url", "models_url", "openai_base",
@@ -70,11 +70,11 @@ class HTTPFailure(Exception):
 
 @dataclass(frozen=True)
 class Reply:
-    """A whole response: status, body bytes and headers."""
+    """A whole response: status, body bytes and headers (case-insensitive, as HTTP's are)."""
 
     status: int
     body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -104,12 +104,15 @@ class Client:
     def __init__(self, *, limit: int = 100) -> None:
         self.limit = int(limit)
         self._sessions: dict[bool, Any] = {}
+        self._direct: dict[str, bool] = {}  # url -> on loopback (decided once per URL)
 
     def session_for(self, url: str) -> Any:
         """The session for `url`: loopback ones ignore proxy variables, others follow them."""
         import aiohttp
 
-        direct = is_loopback_url(url)
+        direct = self._direct.get(url)
+        if direct is None:
+            direct = self._direct[url] = is_loopback_url(url)
         if direct not in self._sessions:
             connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, ttl_dns_cache=300)
             self._sessions[direct] = aiohttp.ClientSession(connector=connector, trust_env=not direct,
@@ -128,7 +131,7 @@ class Client:
             headers = {"Content-Type": "application/json", **(headers or {})}
         async with self.session_for(url).request(method, url, data=data, headers=headers, timeout=timeout) as resp:
             body = await resp.read()
-            return Reply(resp.status, body, dict(resp.headers))
+            return Reply(resp.status, body, resp.headers)
 
     async def answer(self, method: str, url: str, *, json_body: Any = None, timeout: Timeout = 30.0) -> Reply:
         """`request`, with "no response" (refused, timed out, cut) raised as one HTTPFailure."""
