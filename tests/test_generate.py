@@ -21,7 +21,8 @@ import pytest
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
 from eagle3.chat_formats.kimi import GENERATION_PROMPT, IM_END, TOOL_CALL_ARG, TOOL_CALL_BEGIN, \
     TOOL_CALL_END, TOOL_CALLS_BEGIN, TOOL_CALLS_END
-from eagle3.generation import BackendUnavailable, GenerationResult, make_backend
+from eagle3.generation.factory import make_backend
+from eagle3.generation.types import BackendUnavailable, GenerationResult
 from eagle3.generation.hf_backend import to_message
 from eagle3.generation import pipeline
 from eagle3.generation.regenerate import GenerateSettings, batch_seed, regenerate_batch, split_turns

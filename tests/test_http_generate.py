@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.generation import BackendUnavailable, GenerationRequest, SamplingParams, make_backend
+from eagle3.generation.factory import make_backend
+from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
 from eagle3.generation.http_backend import HTTPBackend, backoff_delay
 from eagle3.generation.http_settings import HTTPSettings, Partition
 from eagle3.generation.openai_chat import (

@@ -113,8 +113,8 @@ def _generate(model, tokenizer, prompts: list[dict], max_new_tokens: int, temper
     Returns:
         Each row's raw completion, through `<|im_end|>` when the turn ended.
     """
-    from eagle3.generation import GenerationRequest, SamplingParams
     from eagle3.generation.hf_backend import HFBackend
+    from eagle3.generation.types import GenerationRequest, SamplingParams
 
     backend = HFBackend.from_loaded(model, tokenizer)
     requests = [GenerationRequest(id=str(i), messages=p["messages"], tools=p.get("tools"))

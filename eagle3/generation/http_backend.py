@@ -7,8 +7,8 @@ asyncio task on one event loop (a daemon thread owned by the backend), so severa
 can call `generate` at once and the requests of all their batches share the endpoints:
 
 * **Partitions.** A request's prompt tokens are estimated from characters and the request
-  waits for a slot of the first partition it fits (`generate.http.partitions`, by default
-  <= 10240 tokens at concurrency 192, longer at 16): long prompts hold more KV cache.
+  waits for a slot of the first partition it fits (`generate.http.partitions`: short prompts at a
+  high concurrency, long ones at a low one): long prompts hold more KV cache.
 * **Endpoints.** Each attempt goes to the least busy endpoint (fewest requests in flight, ties
   in turn) or round-robin; a retry avoids the endpoint that just failed when there is another,
   and an endpoint that refused connections rests for a moment.

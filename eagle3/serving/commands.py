@@ -291,15 +291,7 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
 
 
 def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
-    """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (see the module docstring).
-
-    Args:
-        cfg: The composed config (`server`, `model`, `paths`).
-        draft: The draft export to serve; None = `server.speculative.draft_path`.
-
-    Raises:
-        ServerConfigError: Every server/draft rule the config breaks, one line each.
-    """
+    """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (the module docstring); as `sglang_command`."""
     server, model = cfg.server, cfg.model
     draft = _checked(cfg, VLLM, draft)
     argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
