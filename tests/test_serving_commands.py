@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.serving.rules import speculative_algorithm_error
 from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
-from eagle3.target_info import read_config as target_text_config
 from eagle3.draft.model import Eagle3Draft
 from eagle3.paths import asset_path
-from eagle3.serving import ServerConfigError, build_command, sglang_command
+from eagle3.serving.commands import ServerConfigError, build_command, sglang_command
+from eagle3.serving.rules import speculative_algorithm_error
 from eagle3.stages import check_config
+from eagle3.target_info import read_config as target_text_config
 from tests.conftest import compose_config
 
 KIMI = ["model=kimi_k25"]

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.serving import ServerCommand, ServerError, ServerProcess, check_health, server_endpoints
+from eagle3.serving.commands import ServerCommand
+from eagle3.serving.process import ServerError, ServerProcess, check_health, server_endpoints
 from eagle3.stages import StageContext
 from eagle3.stages.base import MissingInput
 from eagle3.stages.serve import serve
@@ -188,7 +189,8 @@ def test_sigterm_to_the_parent_still_stops_the_server(child, tmp_path):
     parent = tmp_path / "parent.py"
     parent.write_text(textwrap.dedent(f'''
         import sys, time
-        from eagle3.serving import ServerCommand, ServerProcess
+        from eagle3.serving.commands import ServerCommand
+        from eagle3.serving.process import ServerProcess
         cmd = ServerCommand("sglang", {cmd.argv!r}, {{}}, "127.0.0.1", {cmd.port})
         with ServerProcess(cmd, {str(tmp_path / "p.log")!r}, startup_timeout_s=30, grace_s=5):
             print("ready", flush=True)

@@ -30,7 +30,9 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 def import_graph() -> dict[str, set[str]]:
     """Module -> the eagle3 modules it imports anywhere in its body (module level or inside functions).
 
-    `from eagle3.x import y` is an edge to `eagle3.x.y` when that is a module, else to `eagle3.x`.
+    `from eagle3.x import y` is an edge to `eagle3.x.y` when that is a module, else to `eagle3.x`;
+    either also runs the parent packages' `__init__` first, so those are edges too (the package
+    a module lives in is left out: Python runs its `__init__` before the module, not because of it).
     """
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
@@ -53,8 +55,11 @@ def import_graph() -> dict[str, set[str]]:
             for target in targets:
                 while target and target not in MODULES:  # `import eagle3.x.y.z` of a name: its module
                     target = target.rpartition(".")[0]
-                if target.startswith("eagle3") and target != name:
-                    edges.add(target)
+                # Importing eagle3.x.y first runs eagle3/x/__init__.py: an edge to every parent package too.
+                while target.startswith("eagle3") and target != "eagle3":
+                    if target != name and not name.startswith(target + "."):
+                        edges.add(target)
+                    target = target.rpartition(".")[0]
         graph[name] = edges
     return graph
 

@@ -42,14 +42,6 @@ SECRET_KEY_RE = re.compile(
 StageRules = Callable[[DictConfig, ConfigErrors], None]
 
 
-class ConfigError(Exception):
-    """Raised with every validation error of a config; `errors` holds one line each."""
-
-    def __init__(self, errors: list[str]):
-        super().__init__("\n".join(errors))
-        self.errors = errors
-
-
 def _check_model(model: DictConfig, err: ConfigErrors) -> None:
     err.choice("model.dtype", model.dtype, DTYPES)
     err.positive("model.num_layers", model.num_layers)

@@ -130,7 +130,8 @@ def _mode_config(cfg: DictConfig, mode: str) -> DictConfig:
 @contextlib.contextmanager
 def _server(cfg: DictConfig, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
     """`{"url", "command"}` of the server for `mode`, launched (and stopped) unless connecting."""
-    from eagle3.serving import ServerProcess, build_command, check_health
+    from eagle3.serving.commands import build_command
+    from eagle3.serving.process import ServerProcess, check_health
 
     server = cfg.server
     if _connect_mode(cfg):

@@ -119,7 +119,7 @@ class GenerateStage(UnitStage):
         server = cfg.server
         if server.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
             return super().__call__(cfg, ctx)
-        from eagle3.serving import server_endpoints
+        from eagle3.serving.process import server_endpoints
 
         launch = copy.deepcopy(cfg)
         if server.speculative.draft_path is None:

@@ -61,7 +61,8 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     Args:
         out: Where the command line and URL are printed (default stdout).
     """
-    from eagle3.serving import ServerProcess, build_command, check_health
+    from eagle3.serving.commands import build_command
+    from eagle3.serving.process import ServerProcess, check_health
 
     out = out or sys.stdout
     server = cfg.server
