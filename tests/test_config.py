@@ -55,8 +55,36 @@ def _leaves(node, prefix=""):
             yield path, OmegaConf.to_container(child) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
+def _inherited(rel: Path, key: str):
+    """The value a sibling option named in `rel`'s defaults list gives `key` (KeyError if none does).
+
+    `server/vllm_gpu.yaml` starts from `server/vllm.yaml`: setting `profile: generic` there undoes
+    vllm's `cpu`, so it restates the parent, not the schema default.
+    """
+    raw = OmegaConf.load(CONF_DIR / rel)
+    for entry in raw.get("defaults", []) if len(rel.parts) > 1 else []:
+        if isinstance(entry, str) and entry != "_self_" and (CONF_DIR / rel.parent / f"{entry}.yaml").is_file():
+            parent = rel.parent / f"{entry}.yaml"
+            node = OmegaConf.load(CONF_DIR / parent)
+            value = OmegaConf.select(node, key, default=_MISSING)
+            if value is not _MISSING:
+                return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+            return _inherited(parent, key)
+    raise KeyError(key)
+
+
+_MISSING = object()
+
+
 def _schema_default(rel: Path, key: str):
-    """The schema default of `key` as the option at `rel` sets it; KeyError if the schema has none."""
+    """The default of `key` as the option at `rel` sets it: its parent option's value, else the schema's.
+
+    KeyError if neither has one.
+    """
+    try:
+        return _inherited(rel, key)
+    except KeyError:
+        pass
     text = (CONF_DIR / rel).read_text()
     if rel.parts[0] == "logger" and "@package _global_" not in text:
         node = OmegaConf.structured(schema.WandbLoggerConfig if rel.stem == "wandb" else schema.CSVLoggerConfig)

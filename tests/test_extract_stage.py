@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import eagle3.extract.target as extract_target
 import eagle3.extract.writer as writer_mod
 import eagle3.stages.extract as extract_stage
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
@@ -139,7 +140,7 @@ def test_smaller_scale_after_larger_extracts_nothing_and_loads_no_model(target_d
     assert run(big, tmp_path).extra["samples_extracted"] == 20
     small = config(target_dir, tmp_path, "data.scale=8")
     write_merge(small, tmp_path, records[:8], records[16:])
-    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(extract_target, "load_target", lambda *a, **k: pytest.fail("model loaded"))
     manifest = run(small, tmp_path)
     assert manifest.extra["samples_extracted"] == 0 and manifest.extra["samples_reused"] == 12
     assert manifest.counts["reused"] == 12 and manifest.extra["tokens_extracted"] == 0
@@ -270,7 +271,7 @@ def test_preflight_refuses_before_the_model_loads(target_dir, tmp_path, monkeypa
     records = make_records(20)
     cfg = config(target_dir, tmp_path, "extract.assume_free_bytes=5000100000", "extract.disk_margin_gb=5")
     write_merge(cfg, tmp_path, records[:16], records[16:])
-    monkeypatch.setattr(extract_stage, "load_target", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(extract_target, "load_target", lambda *a, **k: pytest.fail("model loaded"))
     with pytest.raises(SystemExit) as exit_info:
         run(cfg, tmp_path)
     assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
@@ -282,13 +283,13 @@ def test_preflight_refuses_before_the_model_loads(target_dir, tmp_path, monkeypa
 
 
 def test_bad_records_and_nonfinite_states_are_rejected_with_reasons(target_dir, tmp_path, monkeypatch):
-    import eagle3.extract.runner as runner
+    from eagle3.extract import sources
 
     records = make_records(20)
     records[3]["input_ids"][0] = 9999  # outside the 512-token vocab
     records[5]["loss_mask"] = records[5]["loss_mask"][:-1]
     poisoned = records[7]["input_ids"]
-    real = runner.capture_samples
+    real = sources.capture_samples
 
     def with_nan(capture, seqs, pad_id=0):
         results = real(capture, seqs, pad_id)
@@ -297,7 +298,7 @@ def test_bad_records_and_nonfinite_states_are_rejected_with_reasons(target_dir, 
                 aux[2, 70] = float("nan")  # second captured layer
         return results
 
-    monkeypatch.setattr(runner, "capture_samples", with_nan)
+    monkeypatch.setattr(sources, "capture_samples", with_nan)
     cfg = config(target_dir, tmp_path, "extract.storage_format=fp8")
     write_merge(cfg, tmp_path, records[:16], records[16:])
     manifest = run(cfg, tmp_path)
@@ -338,3 +339,8 @@ def test_dry_run_prints_the_kimi_plan_without_data_or_model(cli, tmp_path):
     assert "91.8 GB per 1K samples; fits in 11.0 TB available" in out
     assert "fp8 : 28,692 B/token (28.0 KiB) -> 4.6 TB" in out and "45.9 GB per 1K samples" in out
     assert "ASSUMED" in out and not (tmp_path / "nothing" / "extract").exists()
+    # The experiment trains online: the store is what it avoids, and the dry run says what that costs.
+    assert "train.hidden_states=online: this config stores nothing and runs no extract unit" in out
+    online = 100_000 * 1600 * 1 + 1_000 * 1600 * 3  # train x max_epochs 1 + eval x (1 validation, pooled, eval)
+    assert f"online (train.hidden_states=online): 0 B stored; the target runs over {online:,} tokens (1.02x)" in out
+    assert f"against {101_000 * 1600:,} tokens once for the store" in out

@@ -29,7 +29,7 @@ import pytest
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.generation.factory import make_backend
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
-from eagle3.generation.http_backend import HTTPBackend, backoff_delay
+from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.http_settings import HTTPSettings, Partition
 from eagle3.generation.openai_chat import (
     BadResponse,
@@ -39,7 +39,7 @@ from eagle3.generation.openai_chat import (
     request_seed,
     to_result,
 )
-from eagle3.serving.http import models_url
+from eagle3.serving.http import backoff_delay, models_url
 from eagle3.stages import StageContext, check_config
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE

@@ -12,7 +12,8 @@ from eagle3.artifacts import Manifest, StageOutput
 from eagle3.stages import CHAIN, REGISTRY, STANDALONE, StageContext, stages_to_run
 from tests.conftest import compose_config, run_cli
 
-KIMI = ["stage=plan", "experiment=plan_v4_100k", "model=kimi_k25"]
+# In store mode (the experiment trains online, which has no extract unit to show the store in).
+KIMI = ["stage=plan", "experiment=plan_v4_100k", "model=kimi_k25", "train.hidden_states=store"]
 CHAIN_NAMES = [s.name for s in CHAIN]
 # Small demo sources: demo_data runs the demo target for demo_native, the costly part here.
 DEMO = ["dataset.sources.demo_native.num_samples=2", "dataset.sources.demo_prompts.num_samples=6",
@@ -106,6 +107,33 @@ def test_plan_json_matches_what_was_printed(kimi):
     assert data["header"]["experiment"] == "plan_v4_100k" and data["header"]["root"] == str(root)
     markdown = (_run_dir(root) / "plan.md").read_text()
     assert f"{totals['store_bytes_fp8']['value']:,} B" in markdown and "| extract | plan_v4 |" in markdown
+
+
+def test_kimi_plan_shows_store_and_online_side_by_side(tmp_path):
+    result = _run(["stage=plan", "experiment=plan_v4_100k"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^extract\s+\(no units", out, re.MULTILINE)  # online: nothing to extract
+    data = json.loads((_run_dir(tmp_path / "artifacts") / "plan.json").read_text())
+    section = data["hidden_states"]
+    assert section["configured"] == "online" and section["backend"] == "vllm"
+    store, online = section["modes"]["store"], section["modes"]["online"]
+    bf16 = 101_000 * 1600 * 57_348 + 101_000 * 1024  # as the store-mode test derives it
+    assert store["bytes_stored"] == {"value": bf16, "basis": "assumed", "note": store["bytes_stored"]["note"]}
+    assert online["bytes_stored"]["value"] == 0
+    # Store: the target once over train + eval. Online: train every epoch (1), eval at the one
+    # validation, the train stage's closing pooled eval and the eval stage.
+    assert store["target_forward_samples"]["value"] == 101_000
+    assert online["target_forward_samples"]["value"] == 100_000 + 3 * 1_000
+    assert online["target_forward_tokens"]["value"] == (100_000 + 3 * 1_000) * 1600
+    assert section["online_forward_ratio"] == round(103_000 / 101_000, 2)
+    # No run measured a throughput for Kimi here: the wall times say so instead of guessing.
+    assert store["wall_s"]["total"]["basis"] == online["wall_s"]["total"]["basis"] == "unknown"
+    assert re.search(r"HIDDEN STATES: store vs online .*extract\.backend=vllm", out)
+    assert re.search(rf"hidden-state bytes stored\s+9\.3 TB = {bf16:,} B \(assumed\)\s+0 B \(config\)", out)
+    assert re.search(r"target forward passes \(samples\)\s+101,000 \(config\)\s+103,000 \(config\)", out)
+    assert "train.hidden_states=online stores nothing: these checks are what store mode would need" in out
+    assert "store | online* |" in (_run_dir(tmp_path / "artifacts") / "plan.md").read_text()
 
 
 def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):

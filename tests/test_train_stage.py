@@ -90,8 +90,10 @@ def _state(path: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrupted_run(chain_root):
-    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2")
+@pytest.mark.parametrize("mode", ["store", "online"])
+def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrupted_run(chain_root, mode):
+    """Online: the states of each batch are computed again after the restart (in-process target)."""
+    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2", f"train.hidden_states={mode}")
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     proc = subprocess.Popen([sys.executable, str(RUN_PY), "stage=train", *SMALL, *TRAIN, *args,
@@ -152,6 +154,21 @@ def test_two_process_ddp_agrees_with_one_process(chain_root):
     for k in range(3):
         assert m2["eval"]["acc"][k] == pytest.approx(m1["eval"]["acc"][k], abs=0.08)
     assert m2["eval"]["step_kl"][0] == pytest.approx(m1["eval"]["step_kl"][0], rel=0.15)
+
+    # Online under ddp_spawn: each rank loads its own target and computes the states of its shard.
+    stores = sorted((chain_root / "hidden_states").iterdir())
+    online = train_cli(chain_root, *args, "train.devices=2", "train.strategy=ddp_spawn", "train.batch_tokens=1024",
+                       "train.hidden_states=online")
+    assert online.returncode == 0, online.stderr[-3000:]
+    three = unit_for(chain_root, before | {one, two})
+    m3 = Manifest.load(three).extra
+    assert m3["world_size"] == 2 and m3["global_step"] == m2["global_step"] and m3["hidden_states"] == "online"
+    assert sorted((chain_root / "hidden_states").iterdir()) == stores  # nothing stored
+    # Rank 0's share of the train split, every epoch (the ranks split the batches between them).
+    rank0 = m3["states_source"][0]["tokens"]
+    assert 0.3 * m3["train_tokens_per_epoch"] * 2 <= rank0 <= 0.7 * m3["train_tokens_per_epoch"] * 2, m3
+    for k in range(3):  # fp32 states online vs the bf16 store: the same draft within tolerance
+        assert m3["eval"]["acc"][k] == pytest.approx(m2["eval"]["acc"][k], abs=0.08)
 
 
 @pytest.mark.slow

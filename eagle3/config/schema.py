@@ -1,6 +1,7 @@
 """Typed schema behind every YAML under conf/, and the one home of every default.
 
-The rule: **a key's default lives here, next to its type and comment; a YAML file under conf/
+The rule: **a key's default lives here (and in `server_schema`, the engines' nodes), next to its
+type and comment; a YAML file under conf/
 sets only what its option changes** (`model/kimi_k25.yaml` the facts of Kimi-K2.5,
 `train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
 that would drift, and `tests/test_config.py` refuses one. Keys without a sensible default (a
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
+
+from eagle3.config.server_schema import BenchConfig, ServeConfig, ServerConfig
 
 
 @dataclass
@@ -203,78 +206,34 @@ class TokenizeConfig:
 
 
 @dataclass
-class SpeculativeConfig:
-    """Speculative-decoding settings of a serving engine (SGLang spelling of the algorithm)."""
+class ExtractHTTPConfig:
+    """The client of vLLM servers that extract hidden states (extract.backend=vllm).
 
-    algorithm: Optional[str] = None  # None = speculation off | EAGLE3 | EAGLE
-    # An export directory (eagle3.draft.export) for this engine; None = the export of this
-    # config's complete train output (stage=serve finds it).
-    draft_path: Optional[str] = None
-    num_steps: int = 3
-    eagle_topk: int = 1
-    num_draft_tokens: int = 4
-    # Capture layers of the draft in HF numbering; None = model.capture_layers. The launcher
-    # writes them per engine (SGLang: capture-1; vLLM: as is).
-    capture_layers: Optional[List[int]] = None
-    draft_quantization: Optional[str] = None  # SGLang: unquant keeps the draft in bf16
-    attention_mode: Optional[str] = None  # SGLang: prefill | decode
+    Like generate's: requests concurrent, retried with exponential backoff on timeouts, lost
+    connections and 429/5xx, a run stopped (resumable) once the server looks down.
+    """
 
-
-@dataclass
-class KernelBackendsConfig:
-    """SGLang kernel choices; on sm120 several of these do not run (validate.SM120_UNSUPPORTED)."""
-
-    attention_backend: Optional[str] = None
-    prefill_attention_backend: Optional[str] = None
-    decode_attention_backend: Optional[str] = None
-    draft_attention_backend: Optional[str] = None
-    moe_runner_backend: Optional[str] = None
-
-
-@dataclass
-class ServerConfig:
-    """The engine that serves the target (and draft): in-process HF or an HTTP server."""
-
-    backend: str = "hf"  # hf | sglang | vllm
-    # generic | sm120 | h200 | cpu (vLLM's CPU build: VLLM_CPU_* env, libiomp5 preloaded for EAGLE-3)
-    profile: str = "generic"
-    python: str = "python"  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
-    host: str = "127.0.0.1"  # loopback only
-    port: int = 30000
-    urls: List[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
-    tp: int = 1
-    dp: int = 1
-    dtype: str = "auto"
-    context_length: Optional[int] = None
-    mem_fraction_static: Optional[float] = None
-    # The model's parsers (Kimi: kimi_k2), so served answers split reasoning and tool calls.
-    reasoning_parser: Optional[str] = II("model.reasoning_parser")
-    tool_call_parser: Optional[str] = II("model.tool_call_parser")
-    trust_remote_code: bool = II("model.trust_remote_code")
-    startup_timeout_s: float = 1800.0  # until the health endpoint answers 200
-    vllm_cpu_kvcache_gb: int = 1  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
-    kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
-    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
-    # Set on top of what the launcher derives (SGLANG_ENABLE_SPEC_V2, SGL_ENABLE_JIT_DEEPGEMM,
-    # VLLM_CPU_*, LD_PRELOAD); a key here wins.
-    env: Dict[str, str] = field(default_factory=dict)
-    extra_args: List[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
-
-
-@dataclass
-class ServeConfig:
-    """Stage serve: launch the configured server and hold it until Ctrl-C."""
-
-    dry_run: bool = False  # print the command line and environment, launch nothing
-    # server.backend the chain generated its data with, where the draft is found; null = the
-    # served backend if it has a chain, else the one backend that does (eagle3/stages/chain.py).
-    data_backend: Optional[str] = None
+    concurrency: int = 8  # prompts in flight (the engine batches them itself)
+    request_timeout_s: float = 600.0  # one prompt's prefill, per attempt
+    max_attempts: int = 6
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    # Stop the run after this many prompts in a row failed for good: the server is down (rerun resumes).
+    max_consecutive_failures: int = 16
+    connect_wait_s: float = 60.0  # how long to wait at start for the server to answer
+    # The server writes a prompt's states to a file right after answering: how long to wait for it.
+    file_wait_s: float = 120.0
+    # Where the server writes those files; null = `<store>/.incoming` (same filesystem as the store).
+    # With extract.server.urls it must be a directory the server and this job both see.
+    exchange_dir: Optional[str] = None
 
 
 @dataclass
 class ExtractConfig:
-    """Hidden-state extraction into the store."""
+    """Hidden states of the target: where they come from, and the store they go to."""
 
+    # hf = transformers in this process (hooks on the capture layers); vllm = a vLLM server's
+    # extract_hidden_states method (extract.server: launched for the job, or running at its urls).
     backend: str = "hf"
     storage_format: str = "bf16"  # bf16 | fp8 | fp32
     batch_tokens: int = 8192
@@ -292,6 +251,11 @@ class ExtractConfig:
     assumed_tokens_per_sample: int = 1600
     # Free bytes to assume instead of measuring the store's filesystem (planning, tests).
     assume_free_bytes: Optional[int] = None
+    http: ExtractHTTPConfig = field(default_factory=ExtractHTTPConfig)
+    # The vLLM server of extract.backend=vllm (conf/config.yaml composes server/vllm.yaml here, so it
+    # can differ from `server`, the engine that generates and serves; the Kimi plan generates with
+    # SGLang and extracts with vLLM). It runs the target in model.dtype.
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
@@ -308,6 +272,10 @@ class OptimizerConfig:
 class TrainConfig:
     """Draft training (Lightning) with the training-time test."""
 
+    # store = read the hidden states stage extract stored (every epoch reuses one extraction);
+    # online = compute each batch's states from the target while training (extract.backend: hf in
+    # this process, or vllm), nothing stored: no disk, but the target runs every epoch.
+    hidden_states: str = "store"
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     # What to do with positions whose target argmax is outside the draft vocab.
@@ -340,28 +308,6 @@ class EvalConfig:
     max_new_tokens: int = 128
     num_prompts: int = 16  # held-out prompts (first assistant turn of eval samples); 0 = skip
     check_lossless: bool = True
-
-
-@dataclass
-class BenchConfig:
-    """Stage bench: the served target without and with the draft (tok/s, engine accept length)."""
-
-    # The in-process eval's prompts and lengths, so the engine's accept length compares with eval's.
-    num_prompts: int = II("eval.num_prompts")  # held-out prompts (first assistant turns of the eval split)
-    max_new_tokens: int = II("eval.max_new_tokens")  # per prompt, greedy
-    concurrency: int = 1  # requests in flight (1 = batch-1 decoding, what speculation speeds up)
-    warmup_requests: int = 1  # sent before the timed part, not counted
-    repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)
-    baseline: bool = True  # also measure the target alone (speedup); false = speculative only
-    # With server.urls (connect mode: nothing launched) the baseline server's URLs.
-    baseline_urls: List[str] = field(default_factory=list)
-    # At or below this accept length under speculation the draft is unused: FAILED, not a number.
-    min_accept_length: float = 1.05
-    request_timeout_s: float = 600.0
-    # server.backend the chain generated its data with (part of the fingerprints of merge, train
-    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend if it
-    # has a chain, else the one backend that does (eagle3/stages/chain.py).
-    data_backend: Optional[str] = None
 
 
 @dataclass

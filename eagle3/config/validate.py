@@ -24,14 +24,14 @@ from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
-from eagle3.draft.options import OUT_OF_VOCAB_POLICIES, PRECISIONS, STRATEGIES
+from eagle3.draft.options import HIDDEN_STATE_MODES, OUT_OF_VOCAB_POLICIES, PRECISIONS, STRATEGIES
 from eagle3.dtypes import DTYPES
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
-from eagle3.serving.engines import SERVER_BACKENDS
+from eagle3.serving.engines import SERVER_BACKENDS, VLLM
 from eagle3.serving.rules import check_server
 from eagle3.target_info import read_config
 
@@ -139,8 +139,11 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     err.not_negative("extract.disk_margin_gb", ex.disk_margin_gb)
     err.positive("extract.assumed_tokens_per_sample", ex.assumed_tokens_per_sample)
     err.not_negative("extract.assume_free_bytes", ex.assume_free_bytes, ">= 0 or null")
+    if ex.backend == VLLM:
+        _check_extract_server(cfg, err)
 
     tr = cfg.train
+    err.choice("train.hidden_states", tr.hidden_states, HIDDEN_STATE_MODES)
     err.positive("train.ttt_steps", tr.ttt_steps)
     if not 0 < tr.ttt_decay <= 1:
         err.add("train.ttt_decay", tr.ttt_decay, "weights decay^k must shrink or stay", "(0, 1]")
@@ -192,6 +195,20 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     err.positive("data.scale", data.scale, allow_none=True)
     err.positive("data.max_len", data.max_len)
     err.not_negative("data.eval_size", data.eval_size)
+
+
+def _check_extract_server(cfg: DictConfig, err: ConfigErrors) -> None:
+    """extract.backend=vllm: a vLLM server node, its rules, and a client that can wait for it."""
+    server = cfg.extract.server
+    if server.backend != VLLM:
+        err.add("extract.server.backend", server.backend, "extract.backend=vllm takes hidden states from a vLLM "
+                "server", f"{VLLM} (conf/config.yaml composes server/vllm.yaml into extract.server)")
+    check_server(server, cfg.model, err, key="extract.server")
+    http = cfg.extract.http
+    for name in ("concurrency", "request_timeout_s", "max_attempts", "connect_wait_s", "file_wait_s"):
+        err.positive(f"extract.http.{name}", http[name])
+    for name in ("backoff_s", "max_backoff_s", "max_consecutive_failures"):
+        err.not_negative(f"extract.http.{name}", http[name])
 
 
 def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:

@@ -68,6 +68,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         yield from order[skip:]
 
 
+def fetch(dataset: Dataset, indices: Sequence[int]) -> list[dict[str, Any]]:
+    """The samples at `indices`, fetched as the DataLoader does (`__getitems__` when the dataset
+    computes a batch at once, as the online one does)."""
+    many = getattr(dataset, "__getitems__", None)
+    return list(many(list(indices))) if many is not None else [dataset[i] for i in indices]
+
+
 def collate_padded(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Right-pad a list of store samples into `[B, T]` / `[B, T, F]` tensors plus `lengths [B]`."""
     lengths = torch.tensor([len(s["input_ids"]) for s in samples], dtype=torch.long)
@@ -189,8 +196,13 @@ class FitSummaryCallback(L.Callback):
         from eagle3.artifacts import atomic_write_json
 
         if trainer.global_rank == 0:
+            dm = trainer.datamodule
+            # Online states: what rank 0's sources computed for the fit (its train shard, its validations).
+            sources = [figures for ds in (dm.train_set, dm.eval_set) if ds is not None
+                       and (figures := getattr(ds, "source_figures", lambda: None)()) is not None]
             atomic_write_json(self.path, {"global_step": int(trainer.global_step),
                                           "epochs": int(trainer.current_epoch),
                                           "world_size": int(trainer.world_size),
                                           # rank 0's count times the ranks (equal batch counts per rank)
-                                          "tokens_this_run": self.tokens * int(trainer.world_size)})
+                                          "tokens_this_run": self.tokens * int(trainer.world_size),
+                                          **({"states_source": sources} if sources else {})})

@@ -24,7 +24,7 @@ from eagle3.serving.engines import ENGINES
 from eagle3.target_info import read_config, resolve_dir
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
-           "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision"]
+           "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision", "split_dataset", "training_sets"]
 
 log = logging.getLogger("eagle3")
 CHECKPOINT_DIR = "checkpoints"
@@ -93,13 +93,29 @@ class FitResult:
     resumed_at: Optional[int]
 
 
-def fit_draft(cfg: DictConfig, extract: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor], unit_dir: Path,
-              loggers: list) -> FitResult:
+def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any] = None) -> Any:
+    """A split's dataset: the store of the `extract` input, or with `make_source` (online) the merged
+    split of the `merged` input, its states computed per batch."""
+    from eagle3.data.mixture import SPLIT_FILES
+    from eagle3.extract.dataset import HiddenStateDataset, OnlineStateDataset
+
+    if make_source is None:
+        return HiddenStateDataset.from_manifests(inputs["extract"], split, dtype=torch.float32)
+    return OnlineStateDataset(Path(inputs["merged"].dir) / SPLIT_FILES[split], make_source, dtype=torch.float32)
+
+
+def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None) -> tuple[Any, Any]:
+    """`(train, eval)`: `split_dataset` of both splits."""
+    return split_dataset(inputs, "train", make_source), split_dataset(inputs, "eval", make_source)
+
+
+def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],
+              unit_dir: Path, loggers: list) -> FitResult:
     """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
 
     Args:
         cfg: The composed config (`model`, `train`, `seed`, `paths.hf_cache`).
-        extract: The extract manifest (hidden-state store + merged splits).
+        train_set, eval_set: The splits (`training_sets`: stored or online states).
         vocab_maps: `(d2t, t2d)` of the vocab stage (`load_vocab_maps`).
         unit_dir: The train unit directory (checkpoints and the fit summary go there).
         loggers: The job's Lightning loggers.
@@ -109,7 +125,6 @@ def fit_draft(cfg: DictConfig, extract: Any, vocab_maps: tuple[torch.Tensor, tor
     from eagle3.draft.data import DraftDataModule, FitSummaryCallback
     from eagle3.draft.lightning_module import DraftModule
     from eagle3.draft.target_weights import load_embedding_and_head
-    from eagle3.extract.dataset import HiddenStateDataset
 
     m, t = cfg.model, cfg.train
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -117,8 +132,6 @@ def fit_draft(cfg: DictConfig, extract: Any, vocab_maps: tuple[torch.Tensor, tor
     embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache,
                                           text_config_key=m.text_config_key)
     d2t, t2d = vocab_maps
-    train_set = HiddenStateDataset.from_manifests(extract, "train", dtype=torch.float32)
-    eval_set = HiddenStateDataset.from_manifests(extract, "eval", dtype=torch.float32)
     module = DraftModule(geometry, head, OmegaConf.to_container(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
                            seed=int(cfg.seed), num_workers=int(t.num_workers))

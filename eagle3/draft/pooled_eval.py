@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset
 
 from eagle3.draft.acceptance import simulated_accept_length
-from eagle3.draft.data import collate_padded, plan_token_batches
+from eagle3.draft.data import collate_padded, fetch, plan_token_batches
 
 
 @torch.no_grad()
@@ -24,7 +24,7 @@ def evaluate_pooled(module, dataset: Dataset, batch_tokens: int) -> dict[str, An
     was_training = module.training
     module.eval()
     for batch_ids in plan_token_batches([int(n) for n in dataset.lengths], batch_tokens):
-        batch = collate_padded([dataset[i] for i in batch_ids])
+        batch = collate_padded(fetch(dataset, batch_ids))
         batch = {k: v.to(module.device) for k, v in batch.items()}
         out = module.run_batch(batch)
         n = len(out.step_loss)

@@ -1,7 +1,8 @@
-"""The two target tensors the draft borrows: input embedding and output head.
+"""The target tensors used without loading the target: input embedding, output head, final norm.
 
 Training needs the embedding (frozen, copied into the draft) and the lm_head (the teacher's
-logits), nothing else. Loading a 1 T-parameter target to get them would take hours, so they are
+logits); states taken from a serving engine need the final norm (vLLM hands out the residual
+before it). Loading a 1 T-parameter target to get them would take hours, so they are
 read straight from the checkpoint's safetensors files (only the shards that hold them).
 """
 
@@ -76,3 +77,36 @@ def load_embedding_and_head(path: str, *, revision: Optional[str] = None, cache_
     embed = read(embed_name)
     head = embed if head_name is None else read(head_name)
     return embed, head
+
+
+def load_final_norm(path: str, *, revision: Optional[str] = None, cache_dir: Optional[str] = None,
+                    text_config_key: Optional[str] = None) -> tuple[torch.Tensor, float]:
+    """The target's final RMSNorm: its weight `[H]` (float32) and `rms_norm_eps`.
+
+    Raises:
+        TargetWeightsError: No `norm.weight` tensor outside the decoder layers.
+    """
+    root = resolve_dir(path, revision, cache_dir)
+    weight_map = _weight_map(root)
+    names = sorted(n for n in weight_map if ".layers." not in n)
+    name = _pick(names, "norm.weight", text_config_key)
+    if name is None:
+        raise TargetWeightsError(f"{root}: cannot find the target's final norm.weight (outside the layers: "
+                                 f"{[n for n in names if 'norm' in n][:6] or 'none'})")
+    eps = (read_config(root, text_config_key) or {}).get("rms_norm_eps")
+    if eps is None:
+        raise TargetWeightsError(f"{root}/config.json has no rms_norm_eps: the final norm cannot be applied exactly")
+    file = root / weight_map[name]
+    if not file.is_file():
+        from huggingface_hub import hf_hub_download
+
+        file = Path(hf_hub_download(path, weight_map[name], revision=revision, cache_dir=cache_dir))
+    with safe_open(str(file), "pt") as fh:
+        return fh.get_tensor(name).float(), float(eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama/DeepSeek RMSNorm: normalise in float32, scale in `x`'s dtype."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight.to(x.dtype) * normed.to(x.dtype)

@@ -26,6 +26,7 @@ import eagle3.config  # noqa: F401  (registers the schema and resolvers)
 from eagle3.artifacts import StageOutput, format_bytes
 from eagle3.extract.dataset import HiddenStateDataset
 from eagle3.extract.runner import UnitJob, run_extraction
+from eagle3.extract.sources import HFStates
 from eagle3.extract.store import HiddenStateStore, StoreSpec
 from eagle3.extract.target import check_geometry, load_target
 from eagle3.paths import CONF_DIR
@@ -127,7 +128,7 @@ def main() -> None:
             store_dir = tmp / "stores" / spec.dirname
             job = UnitJob(merged_dir=merged, store_dir=store_dir, spec=spec, shard=0, num_shards=1,
                           batch_tokens=args.batch_tokens, vocab_size=int(m.vocab_size), disk_margin_gb=0.0,
-                          assume_free_bytes=None, load=lambda: parts)
+                          assume_free_bytes=None, open_source=lambda: HFStates(lambda: parts, m.capture_layers))
             with StageOutput.open(tmp / "units", "extract", fmt, {"format": fmt}) as out:
                 stats = run_extraction(job, out)
             store = HiddenStateStore(store_dir)

@@ -1,4 +1,5 @@
-"""The trainer's view of the store: a map-style Dataset joining merged records and stored states.
+"""The trainer's view of hidden states: merged records joined with stored states, or with states
+computed for each batch as it is fetched (online: nothing stored).
 
 The merged split file supplies what only it knows (`loss_mask`, sample ids, order); the store
 supplies the tensors. Records are not held in memory (100K samples x thousands of tokens would
@@ -133,4 +134,84 @@ class HiddenStateDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fh"] = None  # file handles do not cross process boundaries
+        return state
+
+
+class OnlineStateDataset(Dataset):
+    """Samples of one merged split whose states a source computes when their batch is fetched.
+
+    Same items as HiddenStateDataset; the DataLoader fetches a batch with `__getitems__`, so the
+    source sees the whole batch at once (one padded forward in process, concurrent requests to a
+    server). Nothing is written anywhere; every epoch computes the states again.
+
+    Args:
+        split_file: A merged `train.jsonl` / `eval.jsonl`.
+        source: Makes the state source (`eagle3.extract.sources`) in the process that first
+            fetches (picklable: a spawned DDP rank builds its own).
+        dtype: Float dtype of `aux` / `final`.
+    """
+
+    def __init__(self, split_file: str | os.PathLike[str], source: Any, dtype: Optional[torch.dtype] = None) -> None:
+        self.split_file = Path(split_file)
+        self.make_source, self.dtype = source, dtype
+        offsets, lengths = [], []
+        with open(self.split_file, "rb") as fh:
+            pos = 0
+            for raw in fh:
+                start, pos = pos, pos + len(raw)
+                if raw.strip():
+                    offsets.append(start)
+                    lengths.append(len(json.loads(raw)["input_ids"]))
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self._fh = None
+        self._pid = os.getpid()
+        self._source: Any = None
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    _record = HiddenStateDataset._record
+
+    @property
+    def source(self) -> Any:
+        if self._source is None:
+            self._source = self.make_source()
+        return self._source
+
+    def close_source(self) -> None:
+        """Release this process's source (a server connection, a loaded target); idempotent."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def source_figures(self) -> Optional[dict[str, Any]]:
+        """What this process's source did so far (prompts, tokens, seconds); None before first use."""
+        return None if self._source is None else self._source.describe()
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        records = [self._record(int(i)) for i in indices]
+        results = self.source.states([np.asarray(r["input_ids"], dtype=np.int64) for r in records])
+        items = []
+        for record, result in zip(records, results):
+            missing = isinstance(result[0], str)
+            if missing or not (torch.isfinite(result[0]).all() and torch.isfinite(result[1]).all()):
+                why = f"{result[0]}: {result[1]}" if missing else "NaN/Inf in its states"
+                raise AlignmentError(f"sample {record['id']!r} of {self.split_file} has no usable hidden states "
+                                     f"({why}); train.hidden_states=store extracts first and quarantines such samples")
+            aux, final = result
+            if self.dtype is not None:
+                aux, final = aux.to(self.dtype), final.to(self.dtype)
+            items.append({"id": record["id"], "input_ids": torch.as_tensor(record["input_ids"], dtype=torch.long),
+                          "loss_mask": torch.as_tensor(record["loss_mask"], dtype=torch.long), "aux": aux,
+                          "final": final})
+        return items
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])[0]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fh"] = None
+        state["_source"] = None  # each process makes its own
         return state

@@ -4,8 +4,9 @@ Order of work, chosen so every failure happens as early and as cheaply as possib
 1. read the merged records of both splits; keep this job's slot (`shard_of(key) == shard`);
    samples already in the store are reused after checking their stored ids (no model needed);
 2. disk preflight over the tokens still to extract (before the model loads);
-3. load the target only if something is left; run length-sorted token-budget batches, reject
-   non-finite samples, write one shard per batch and index it.
+3. open the state source (`eagle3.extract.sources`: the target in process, or vLLM servers) only
+   if something is left; run length-sorted token-budget batches, reject samples the source has no
+   states for and non-finite ones, write one shard per batch and index it.
 
 Per batch the order is: shard (atomic) + index line, then the unit's `keys.jsonl` lines and
 rejects. A kill between the two leaves stored samples that the rerun finds and reuses.
@@ -17,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import numpy as np
 import torch
@@ -25,10 +26,9 @@ import torch
 from eagle3.artifacts import StageOutput, read_jsonl
 from eagle3.data.mixture import SPLIT_FILES
 from eagle3.extract import codec
-from eagle3.extract.capture import LayerCapture, capture_samples, plan_batches
+from eagle3.extract.capture import plan_batches
 from eagle3.extract.preflight import check_disk, estimate
 from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name, shard_of
-from eagle3.extract.target import DecoderParts
 from eagle3.extract.writer import StoreWriter
 
 log = logging.getLogger("eagle3")
@@ -49,7 +49,8 @@ class UnitJob:
     """Everything the loop needs, resolved from the config by the stage.
 
     Attributes:
-        load: Loads the target (called only when something must be extracted).
+        open_source: Opens the state source for the block (called only when something must be
+            extracted; `eagle3.extract.sources.open_states`).
         save_file: Shard writer override (fault injection in tests); None = safetensors.
     """
 
@@ -62,7 +63,7 @@ class UnitJob:
     vocab_size: int
     disk_margin_gb: float
     assume_free_bytes: Optional[int]
-    load: Callable[[], DecoderParts]
+    open_source: Callable[[], ContextManager[Any]]
     save_file: Optional[Callable[..., None]] = None
 
 
@@ -145,20 +146,23 @@ def run_extraction(job: UnitJob, out: StageOutput) -> dict[str, Any]:
 
 
 def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: StageOutput, stats: dict) -> None:
-    parts = job.load()
     n_capture = len(job.spec.capture_layers)
     batches = plan_batches([len(w.input_ids) for w in work], job.batch_tokens)
     t0, last_log, done_tokens = time.perf_counter(), time.perf_counter(), 0
-    with LayerCapture(parts, job.spec.capture_layers) as capture:
+    with job.open_source() as source:
         for b, batch in enumerate(batches):
             items = [work[i] for i in batch]
-            results = capture_samples(capture, [w.input_ids for w in items])
+            results = source.states([w.input_ids for w in items])
             encoded: dict[str, tuple[codec.Encoded, int]] = {}
-            rejected: list[tuple[Work, str]] = []
-            for w, (aux, final) in zip(items, results):  # aux [n, C*H], final [n, H]
+            rejected: list[tuple[Work, str, str]] = []
+            for w, result in zip(items, results):
+                if isinstance(result[0], str):  # (reason, detail): the source has no states for it
+                    rejected.append((w, result[0], result[1]))
+                    continue
+                aux, final = result  # [n, C*H], [n, H]
                 bad = _nonfinite(aux, final, n_capture)
                 if bad:
-                    rejected.append((w, bad))
+                    rejected.append((w, "nonfinite_hidden_states", f"NaN/Inf in {bad}"))
                     continue
                 ids = torch.as_tensor(w.input_ids)
                 encoded[w.key] = (codec.encode(aux, final, ids, job.spec.storage_format), len(w.input_ids))
@@ -169,14 +173,15 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
                     if w.key in encoded:
                         keys.write({"id": rid, "key": w.key, "split": split, "seq_len": len(w.input_ids),
                                     "reused": False})
-            for w, bad in rejected:
+            for w, reason, detail in rejected:
                 for rid, split in w.samples:
-                    out.reject(rid, "nonfinite_hidden_states", f"NaN/Inf in {bad}", split=split)
+                    out.reject(rid, reason, detail, split=split)
             done_tokens += sum(len(w.input_ids) for w in items)
             now = time.perf_counter()
             if now - last_log > 30 or b == len(batches) - 1:
                 last_log = now
-                log.info("extract: batch %d/%d, %d tokens, %.0f tok/s", b + 1, len(batches), done_tokens,
-                         done_tokens / max(now - t0, 1e-9))
+                log.info("extract: batch %d/%d, %d tokens, %.0f tok/s (%s)", b + 1, len(batches), done_tokens,
+                         done_tokens / max(now - t0, 1e-9), source.name)
+        stats["source"] = source.describe()
     stats["tokens_this_run"] = done_tokens
     stats["seconds_this_run"] = round(time.perf_counter() - t0, 3)

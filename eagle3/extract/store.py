@@ -54,6 +54,8 @@ class StoreSpec:
         capture_layers: Capture ids (i = residual stream entering decoder layer i).
         storage_format: One of formats.FORMATS.
         hidden_size: H of the target's text model.
+        source: `extract.backend` that computed the states. Backends agree to kernel rounding,
+            not bit for bit, so each fills its own store (hf's identity is as it always was).
     """
 
     model: str
@@ -62,11 +64,15 @@ class StoreSpec:
     storage_format: str
     hidden_size: int
     version: int = STORE_VERSION
+    source: str = "hf"
 
     def identity(self) -> dict[str, Any]:
-        return {"target": self.target, "capture_layers": list(self.capture_layers),
-                "storage_format": self.storage_format, "hidden_size": self.hidden_size,
-                "version": self.version}
+        ident = {"target": self.target, "capture_layers": list(self.capture_layers),
+                 "storage_format": self.storage_format, "hidden_size": self.hidden_size,
+                 "version": self.version}
+        if self.source != "hf":
+            ident["source"] = self.source
+        return ident
 
     @property
     def fingerprint(self) -> str:

@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import random
-import threading
 import time
 from collections import Counter
 from typing import Any, Callable, Optional, Sequence
@@ -58,31 +57,24 @@ from eagle3.generation.types import (
     GenerationResult,
     SamplingParams,
 )
-from eagle3.serving.http import ERROR_TEXT_CHARS, Client, HTTPFailure, served_model
+from eagle3.serving.http import (
+    ERROR_TEXT_CHARS,
+    RETRY_STATUS,
+    BackgroundLoop,
+    Client,
+    HTTPFailure,
+    backoff_delay,
+    retry_after_seconds,
+    served_model,
+)
 
-__all__ = ["HTTPBackend", "backoff_delay"]
+__all__ = ["HTTPBackend"]
 
 log = logging.getLogger("eagle3")
 
-RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 # An endpoint that refused a connection is skipped this long (when another one is up).
 ENDPOINT_REST_S = 2.0
 _PROBE_TIMEOUT_S = 5.0
-
-
-def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random,
-                  retry_after: Optional[float] = None) -> float:
-    """Wait before retry number `attempt` (1 = the first retry): exponential, capped, jittered.
-
-    "Equal jitter": half the exponential step is fixed, half random, so retries of many
-    requests that failed together spread out but none retries immediately. A server's
-    `Retry-After` raises the wait (never above `cap`).
-    """
-    step = min(cap, base * 2 ** (attempt - 1))
-    delay = step / 2 + rng.uniform(0, step / 2)
-    if retry_after is not None:
-        delay = max(delay, min(cap, retry_after))
-    return delay
 
 
 class _Endpoint:
@@ -133,9 +125,7 @@ class HTTPBackend:
         self._endpoints = [_Endpoint(u) for u in settings.urls]
         self._rr = 0
         self._rng = random.Random()  # jitter only; never feeds what is generated
-        self._lock = threading.Lock()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._runner = BackgroundLoop(settings.backend)
         self._client: Optional[Client] = None
         self._semaphores: dict[Partition, asyncio.Semaphore] = {}
         self._closed = False
@@ -184,20 +174,9 @@ class HTTPBackend:
 
     # ------------------------------------------------------------------ lifecycle
     def _ensure_started(self) -> None:
-        with self._lock:
-            if self._closed:
-                raise BackendUnavailable(f"{self.name} backend is closed")
-            if self._loop is not None:
-                return
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name=f"eagle3-{self.name}-client", daemon=True)
-            thread.start()
-            self._loop, self._thread = loop, thread
-            try:
-                asyncio.run_coroutine_threadsafe(self._start(), loop).result()
-            except BaseException:
-                self._stop_loop()
-                raise
+        if self._closed:
+            raise BackendUnavailable(f"{self.name} backend is closed")
+        self._runner.start(self._start)
 
     async def _start(self) -> None:
         total = sum(self._capacity(p) for p in self._partitions)
@@ -243,35 +222,12 @@ class HTTPBackend:
 
     def close(self) -> None:
         """Cancel requests in flight, close the connections and stop the loop (idempotent)."""
-        with self._lock:
-            self._closed = True
-            if self._loop is None:
-                return
-            try:
-                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=30)
-            except Exception as exc:  # closing must not mask the error that got us here
-                log.warning("%s client: unclean shutdown: %s", self.name, exc)
-            self._stop_loop()
+        self._closed = True
+        self._runner.stop(self._close_client)
 
-    async def _shutdown(self) -> None:
-        current = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks() if t is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async def _close_client(self) -> None:
         if self._client is not None:
             await self._client.close()
-
-    def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        if thread is not None:
-            thread.join(timeout=30)
-        if not loop.is_running():
-            loop.close()
-        self._loop = self._thread = None
 
     # ------------------------------------------------------------------ generation
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
@@ -284,13 +240,7 @@ class HTTPBackend:
         if not requests:
             return []
         self._ensure_started()
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._generate(list(requests), params), self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
+        return self._runner.run(self._generate(list(requests), params))
 
     async def _generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         tasks = [asyncio.ensure_future(self._one(r, params)) for r in requests]
@@ -397,7 +347,7 @@ class HTTPBackend:
         try:
             reply = await self._client.request("POST", endpoint.chat_url, data=payload, timeout=timeout,
                                                headers={"Content-Type": "application/json"})
-            raw, status, retry_after = reply.body, reply.status, reply.headers.get("Retry-After")
+            raw, status, wait = reply.body, reply.status, retry_after_seconds(reply.headers)
         except asyncio.TimeoutError:
             raise _Failure("timeout", f"no complete answer within {self.settings.request_timeout_s:g} s "
                                       f"from {endpoint.url}") from None
@@ -412,12 +362,6 @@ class HTTPBackend:
         if status != 200:
             if is_context_error(status, text):
                 raise _Failure(ERROR_PROMPT_TOO_LONG, f"HTTP {status}: {text[:ERROR_TEXT_CHARS]}", retryable=False)
-            wait = None
-            if retry_after:
-                try:
-                    wait = float(retry_after)
-                except ValueError:
-                    wait = None
             raise _Failure(f"http_{status}", f"HTTP {status} from {endpoint.url}: {text[:ERROR_TEXT_CHARS]}",
                            retryable=status in RETRY_STATUS, retry_after=wait)
         try:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_RUNNING, Manifest
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
+from eagle3.draft.options import ONLINE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.stages.base import MissingInput, StageContext
@@ -209,7 +210,8 @@ class Planner:
                                                                int(self.cfg.model.vocab_size))
         row.other = f"d2t+t2d {row.figures['output_bytes'].value:,} B"
 
-    def extract(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+    def plan_store(self, m: Optional[Manifest]) -> tuple[Figure, Figure]:
+        """The store this config's extraction fills (also planned when online training fills none)."""
         from eagle3.stages.extract import store_dir
 
         model, ex = self.cfg.model, self.cfg.extract
@@ -217,16 +219,22 @@ class Planner:
         tokens = figures.total([self.mix["train_tokens"], self.mix["eval_tokens"]], "train + eval")
         if m:
             samples, tokens = Figure(m.extra["samples"], "actual"), Figure(m.counts["tokens"], "actual")
-        row.figures["samples"], row.figures["tokens"] = samples, tokens
         configured = str(ex.storage_format)
         fmts = list(dict.fromkeys([*SHOWN_FORMATS, configured]))
         ests = figures.store_estimates(samples, tokens, int(model.hidden_size), len(model.capture_layers), fmts)
+        self.store = {"dir": store_dir(self.cfg), "configured": configured, "formats": fmts, "estimates": ests,
+                      "complete": m is not None,
+                      "bytes": {fmt: figures.store_bytes(ests[fmt], samples, tokens) for fmt in fmts}}
+        return samples, tokens
+
+    def extract(self, row: UnitPlan, m: Optional[Manifest]) -> None:
+        model = self.cfg.model
+        samples, tokens = self.plan_store(m)
+        row.figures["samples"], row.figures["tokens"] = samples, tokens
+        configured, fmts, ests = self.store["configured"], self.store["formats"], self.store["estimates"]
         for fmt in fmts:
-            row.figures[f"store_bytes_{fmt}"] = figures.store_bytes(ests[fmt], samples, tokens)
-        where = store_dir(self.cfg)
-        row.inputs["store"] = str(where)
-        self.store = {"dir": where, "configured": configured, "formats": fmts, "estimates": ests,
-                      "complete": m is not None}
+            row.figures[f"store_bytes_{fmt}"] = self.store["bytes"][fmt]
+        row.inputs["store"] = str(self.store["dir"])
         row.other = " | ".join(f"{fmt}{'*' if fmt == configured else ''} " + (
             _human(ests[fmt].total) if ests[fmt] else "?") for fmt in fmts)
         if not samples.known:  # still say what the store costs per 1K samples, as the dry run does
@@ -308,7 +316,8 @@ def _disk(cfg: DictConfig, planner: Planner) -> dict[str, Any]:
         else:
             checks[fmt] = figures.disk_check(store["estimates"][fmt], store["dir"], float(ex.disk_margin_gb),
                                               ex.assume_free_bytes)
-    return {"store_dir": str(store["dir"]), "free_bytes": free, "measured_at": where,
+    online = str(cfg.train.hidden_states) == ONLINE
+    return {"store_dir": str(store["dir"]), "free_bytes": free, "measured_at": where, "online": online,
             "margin_gb": float(ex.disk_margin_gb), "configured": store["configured"], "checks": checks}
 
 
@@ -345,11 +354,18 @@ def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPla
     lines.append(f"disk: free space of the store root's filesystem (or extract.assume_free_bytes) minus "
                  f"extract.disk_margin_gb={float(ex.disk_margin_gb):g}; the configured format is marked *")
     lines.append(f"train token-epochs = train.max_epochs={int(cfg.train.max_epochs)} x train tokens")
+    lines.append("hidden states: store mode runs the target once over train + eval (extract); online mode runs it "
+                 "over the train split every epoch and the eval split at each validation "
+                 f"(train.eval_every_n_epochs={int(cfg.train.eval_every_n_epochs)}), at the closing pooled eval "
+                 "and in the eval stage. Wall times divide those tokens by tokens/s measured in earlier manifests "
+                 "of the same target and draft (actual when measured by this very unit); online with no online "
+                 "run measured adds the target forward and the draft step per token (no overlap)")
     return lines
 
 
 def build_plan(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
     """The plan as plain data (exactly what plan.json holds and what both renderings show)."""
+    from eagle3.planning.modes import hidden_state_modes
     from eagle3.stages import CHAIN
 
     planner = Planner(cfg, ctx)
@@ -364,7 +380,10 @@ def build_plan(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
             rows[stage.name].append(row)
         stages.append({"stage": stage.name, "help": stage.help,
                        "units": [r.to_dict() for r in rows[stage.name]]})
+    if not planner.store:  # online training: no extract unit, but the store it avoids is still shown
+        planner.plan_store(None)
     return {"format": FORMAT_VERSION, "header": _header(cfg, ctx), "stages": stages,
             "totals": {k: f.to_dict() for k, f in _totals(planner, rows).items()},
+            "hidden_states": hidden_state_modes(cfg, ctx, planner),
             "disk": _disk(cfg, planner), "assumptions": _assumptions(cfg, planner, rows),
             "basis": dict(figures.BASIS_MEANING)}

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3.artifacts import format_bytes
+from eagle3.artifacts import format_bytes, format_duration
 
 WIDTH = 118
 COLUMNS = ("STAGE", "UNIT", "STATUS", "SAMPLES", "TOKENS", "OTHER")
@@ -89,6 +89,47 @@ def _totals_lines(data: dict) -> list[tuple[str, str]]:
     return out
 
 
+ONLINE_DISK = "train.hidden_states=online stores nothing: these checks are what store mode would need"
+MODE_ROWS = (
+    ("bytes_stored", "hidden-state bytes stored", "bytes"),
+    ("target_forward_samples", "target forward passes (samples)", "count"),
+    ("target_forward_tokens", "target forward tokens", "count"),
+    ("extract_tokens_per_s", "extract tokens/s", "count"),
+    ("train_tokens_per_s", "train tokens/s", "count"),
+    ("wall_s.extract", "wall: extract", "seconds"),
+    ("wall_s.train", "wall: train", "seconds"),
+    ("wall_s.total", "wall: extract + train", "seconds"),
+)
+
+
+def _mode_cell(mode: dict, key: str, kind: str) -> str:
+    fig = mode
+    for part in key.split("."):
+        fig = fig.get(part) if isinstance(fig, dict) else None
+    if not fig or not isinstance(fig, dict) or "basis" not in fig:
+        return "-"
+    if fig["value"] is None:
+        return "unknown"
+    text = {"bytes": lambda v: f"{format_bytes(v)} = {v:,} B" if v else "0 B", "count": lambda v: f"{v:,}",
+            "seconds": format_duration}[kind](fig["value"])
+    return f"{text} ({fig['basis']})"
+
+
+def mode_rows(section: dict) -> tuple[list[str], list[list[str]]]:
+    """(column heads, rows) of the store-versus-online table; the configured mode is marked *."""
+    names = list(section["modes"])
+    heads = [f"{n}{'*' if n == section['configured'] else ''}" for n in names]
+    rows = [[label] + [_mode_cell(section["modes"][n], key, kind) for n in names] for key, label, kind in MODE_ROWS]
+    return heads, [r for r in rows if any(c != "-" for c in r[1:])]
+
+
+def _mode_title(section: dict) -> str:
+    ratio = section.get("online_forward_ratio")
+    return (f"HIDDEN STATES: store vs online (train.hidden_states; * = configured; extract.backend="
+            f"{section['backend']}; store in {section['storage_format']})"
+            + (f"; online runs the target over {ratio:g}x the tokens store mode does" if ratio else ""))
+
+
 def render_text(data: dict[str, Any]) -> str:
     """The fixed-width plan printed on stdout."""
     h, root = data["header"], data["header"]["root"]
@@ -111,10 +152,18 @@ def render_text(data: dict[str, Any]) -> str:
     pairs = _totals_lines(data)
     width = max(len(label) for label, _ in pairs)
     lines += [f"  {label.ljust(width)}  {value}" for label, value in pairs]
+    if data.get("hidden_states"):
+        heads, rows = mode_rows(data["hidden_states"])
+        widths = [max(len(r[i]) for r in rows + [[""] + heads]) for i in range(len(heads) + 1)]
+        lines += ["", *_wrap(_mode_title(data["hidden_states"]), ""),
+                  "  " + "  ".join(c.ljust(w) for c, w in zip([""] + heads, widths)).rstrip()]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     disk = data["disk"]
     lines += ["", f"DISK CHECK (the extract preflight; store {disk['store_dir']})",
               f"  free {format_bytes(disk['free_bytes'])} ({disk['free_bytes']:,} B) at {disk['measured_at']}, "
               f"margin extract.disk_margin_gb={disk['margin_gb']:g}"]
+    if disk.get("online"):
+        lines.append(f"  {ONLINE_DISK}")
     for fmt_name, check in disk["checks"].items():
         verdict = {True: "fits", False: "does NOT fit", None: "cannot check"}[check["fits"]]
         star = "*" if fmt_name == disk["configured"] else ""
@@ -141,10 +190,17 @@ def render_markdown(data: dict[str, Any]) -> str:
             cells = _cells(stage["stage"], unit) + [inputs, f"`{_output(unit, root)}`"]
             lines.append("| " + " | ".join(c.replace("|", "\\|") or "-" for c in cells) + " |")
     lines += ["", "## Totals", ""] + [f"- {label.strip()}: {value}" for label, value in _totals_lines(data)]
+    if data.get("hidden_states"):
+        heads, rows = mode_rows(data["hidden_states"])
+        title = _mode_title(data["hidden_states"]).replace("HIDDEN STATES: ", "Hidden states: ")
+        lines += ["", f"## {title}", "", "| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     disk = data["disk"]
     lines += ["", "## Disk check (extract preflight)", "",
               f"Store `{disk['store_dir']}`; free {format_bytes(disk['free_bytes'])} ({disk['free_bytes']:,} B) at "
               f"`{disk['measured_at']}`, margin {disk['margin_gb']:g} GB.", ""]
+    if disk.get("online"):
+        lines += [ONLINE_DISK, ""]
     for fmt_name, check in disk["checks"].items():
         star = " (configured)" if fmt_name == disk["configured"] else ""
         lines.append(f"- **{fmt_name}**{star}: {check['line']}")

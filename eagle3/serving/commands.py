@@ -63,6 +63,7 @@ from eagle3.serving.engines import (
 from eagle3.serving.rules import server_errors
 
 __all__ = [
+    "HiddenStateExport",
     "ServerCommand",
     "ServerConfigError",
     "base_url",
@@ -290,18 +291,60 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
     return ServerCommand(SGLANG, argv, env, str(server.host), int(server.port), draft)
 
 
-def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
-    """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (the module docstring); as `sglang_command`."""
+@dataclass(frozen=True)
+class HiddenStateExport:
+    """A vLLM server that hands out hidden states instead of serving a draft (stage extract).
+
+    Attributes:
+        layer_ids: vLLM's `eagle_aux_hidden_state_layer_ids` to capture (HF hidden_states
+            indices: the capture layers, then `num_layers` for the final residual).
+        exchange_dir: Where the server writes each prompt's states file.
+        plugin_dir: A directory holding the KV connector module, put on the server's PYTHONPATH.
+        connector_module: That module's name.
+        connector: The connector class's name.
+        max_model_len: Context of the server: the longest prompt plus the token it generates.
+    """
+
+    layer_ids: tuple[int, ...]
+    exchange_dir: str
+    plugin_dir: str
+    connector_module: str
+    connector: str
+    max_model_len: int
+
+
+def _hidden_state_flags(export: HiddenStateExport) -> list[str]:
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(export.layer_ids)}}}
+    transfer = {"kv_connector": export.connector, "kv_connector_module_path": export.connector_module,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"shared_storage_path": export.exchange_dir,
+                                              "use_synchronization_lock": False}}
+    # Prefix caching would let a prompt reuse blocks another prompt filled: exactness first.
+    return ["--speculative-config", json.dumps(spec, separators=(",", ":")),
+            "--kv-transfer-config", json.dumps(transfer, separators=(",", ":")), "--no-enable-prefix-caching"]
+
+
+def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
+                 hidden_states: Optional[HiddenStateExport] = None) -> ServerCommand:
+    """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (the module docstring); as `sglang_command`.
+
+    With `hidden_states`, the server extracts instead of speculating: it runs the target in
+    `model.dtype` (what the stored states are a function of) with vLLM's `extract_hidden_states`
+    method and the given connector, and `server.speculative` is not used.
+    """
     server, model = cfg.server, cfg.model
     draft = _checked(cfg, VLLM, draft)
     argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
     if model.revision:
         argv += ["--revision", str(model.revision)]
+    dtype = model.dtype if hidden_states is not None else server.dtype
     argv += ["--host", str(server.host), "--port", str(server.port),
              "--tensor-parallel-size", str(server.tp), "--data-parallel-size", str(server.dp),
-             "--dtype", str(server.dtype)]
-    if server.context_length is not None:
-        argv += ["--max-model-len", str(server.context_length)]
+             "--dtype", str(dtype)]
+    context = hidden_states.max_model_len if hidden_states is not None else server.context_length
+    if context is not None:
+        argv += ["--max-model-len", str(context)]
     if server.mem_fraction_static is not None:
         argv += ["--gpu-memory-utilization", _num(server.mem_fraction_static)]
     if server.trust_remote_code:
@@ -315,8 +358,12 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCom
         method = str(spec.algorithm).lower()  # vLLM's method names: eagle3, eagle
         config = {"method": method, "model": draft, "num_speculative_tokens": int(spec.num_steps)}
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
+    if hidden_states is not None:
+        argv += _hidden_state_flags(hidden_states)
     argv += [str(a) for a in server.extra_args]
     env: dict[str, str] = {}
+    if hidden_states is not None:  # where the server imports the connector from (nothing else of ours)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (hidden_states.plugin_dir, os.environ.get("PYTHONPATH")) if p)
     if server.profile == CPU_PROFILE:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(server.vllm_cpu_kvcache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"

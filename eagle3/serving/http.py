@@ -17,16 +17,48 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import logging
+import random
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Coroutine, Mapping, Optional, TypeVar, Union
 from urllib.parse import urlsplit
 
-__all__ = ["Client", "HTTPFailure", "Reply", "is_loopback_host", "is_loopback_url", "models_url", "openai_base",
-           "request_sync", "served_model"]
+__all__ = ["RETRY_STATUS", "BackgroundLoop", "Client", "HTTPFailure", "Reply", "backoff_delay", "is_loopback_host",
+           "is_loopback_url", "models_url", "openai_base", "request_sync", "retry_after_seconds", "served_model"]
+
+log = logging.getLogger("eagle3")
+T = TypeVar("T")
 
 #: Characters of an error body quoted in a one-line error.
 ERROR_TEXT_CHARS = 300
+#: Statuses worth a retry: a timeout, too many requests, a server error or a proxy's.
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 Timeout = Union[float, Any]  # seconds, or an aiohttp.ClientTimeout
+
+
+def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random,
+                  retry_after: Optional[float] = None) -> float:
+    """Wait before retry number `attempt` (1 = the first retry): exponential, capped, jittered.
+
+    "Equal jitter": half the exponential step is fixed, half random, so retries of many
+    requests that failed together spread out but none retries immediately. A server's
+    `Retry-After` raises the wait (never above `cap`).
+    """
+    step = min(cap, base * 2 ** (attempt - 1))
+    delay = step / 2 + rng.uniform(0, step / 2)
+    if retry_after is not None:
+        delay = max(delay, min(cap, retry_after))
+    return delay
+
+
+def retry_after_seconds(headers: Mapping[str, str]) -> Optional[float]:
+    """A response's `Retry-After` in seconds (the delay form; None when absent or a date)."""
+    value = headers.get("Retry-After")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
 
 
 def is_loopback_host(host: str) -> bool:
@@ -199,3 +231,82 @@ def request_sync(method: str, url: str, *, json_body: Any = None, timeout: Timeo
             return await client.answer(method, url, json_body=json_body, timeout=timeout)
 
     return asyncio.run(send())
+
+
+class BackgroundLoop:
+    """An event loop in a daemon thread, so synchronous callers (stage threads) can drive one async
+    client: every `run` from any thread lands on the same loop and shares its connections.
+
+    Args:
+        name: Names the thread (`eagle3-<name>-client`).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None
+
+    def start(self, first: Optional[Callable[[], Coroutine[Any, Any, Any]]] = None) -> None:
+        """Start the loop if it is not running, then run `first()` on it (a failure stops the loop again)."""
+        with self._lock:
+            if self._loop is not None:
+                return
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name=f"eagle3-{self.name}-client", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+            if first is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(first(), loop).result()
+                except BaseException:
+                    self._stop()
+                    raise
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the loop and wait for it; interrupting the wait cancels it."""
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError(f"{self.name} client: the loop is not running")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def stop(self, cleanup: Optional[Callable[[], Awaitable[Any]]] = None, timeout: float = 30.0) -> None:
+        """Cancel what is in flight, await `cleanup()` (closing sessions), stop the loop (idempotent)."""
+        with self._lock:
+            if self._loop is None:
+                return
+
+            async def shutdown() -> None:
+                current = asyncio.current_task()
+                tasks = [t for t in asyncio.all_tasks() if t is not current]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                if cleanup is not None:
+                    await cleanup()
+
+            try:
+                asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=timeout)
+            except Exception as exc:  # closing must not mask the error that got us here
+                log.warning("%s client: unclean shutdown: %s", self.name, exc)
+            self._stop()
+
+    def _stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=30)
+        if not loop.is_running():
+            loop.close()
+        self._loop = self._thread = None

@@ -91,70 +91,74 @@ def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM
 
 
 def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
-                 draft_path: Any = _FROM_CONFIG) -> None:
-    """Every `server.*` rule into `err` (`draft_path`: as in `server_errors`)."""
-    err.choice("server.backend", server.backend, SERVER_BACKENDS)
-    err.choice("server.profile", server.profile, PROFILES)
+                 draft_path: Any = _FROM_CONFIG, key: str = "server") -> None:
+    """Every rule of a server node into `err` (`draft_path`: as in `server_errors`).
+
+    Args:
+        key: Where the node sits in the config (`server`, or `extract.server`), named in errors.
+    """
+    err.choice(f"{key}.backend", server.backend, SERVER_BACKENDS)
+    err.choice(f"{key}.profile", server.profile, PROFILES)
     if not is_loopback_host(str(server.host)):
-        err.add("server.host", server.host, "servers this project launches bind loopback only",
+        err.add(f"{key}.host", server.host, "servers this project launches bind loopback only",
                 "127.0.0.1, ::1 or localhost")
     if not 0 < server.port < 65536:
-        err.add("server.port", server.port, "not a TCP port", "1-65535")
-    err.positive("server.tp", server.tp)
-    err.positive("server.dp", server.dp)
+        err.add(f"{key}.port", server.port, "not a TCP port", "1-65535")
+    err.positive(f"{key}.tp", server.tp)
+    err.positive(f"{key}.dp", server.dp)
     for url in server.urls:
         if not str(url).startswith(("http://", "https://")):
-            err.add("server.urls", url, "not an HTTP endpoint", "http://HOST:PORT")
+            err.add(f"{key}.urls", url, "not an HTTP endpoint", "http://HOST:PORT")
 
     spec = server.speculative
-    err.choice("server.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
+    err.choice(f"{key}.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
     mismatch = speculative_algorithm_error(spec.algorithm,
                                            spec.draft_path if draft_path is _FROM_CONFIG else draft_path)
     if mismatch:
         err.lines.append(mismatch)
     if spec.algorithm is not None:
-        err.positive("server.speculative.num_steps", spec.num_steps)
-        err.positive("server.speculative.eagle_topk", spec.eagle_topk)
+        err.positive(f"{key}.speculative.num_steps", spec.num_steps)
+        err.positive(f"{key}.speculative.eagle_topk", spec.eagle_topk)
         if spec.eagle_topk == 1 and spec.num_draft_tokens != spec.num_steps + 1:
-            err.add("server.speculative.num_draft_tokens", spec.num_draft_tokens,
+            err.add(f"{key}.speculative.num_draft_tokens", spec.num_draft_tokens,
                     f"a chain draft (eagle_topk=1) of {spec.num_steps} steps verifies "
                     f"num_steps+1 tokens", str(spec.num_steps + 1))
     if spec.capture_layers is not None and list(spec.capture_layers) != list(model.capture_layers):
-        err.add("server.speculative.capture_layers", list(spec.capture_layers),
+        err.add(f"{key}.speculative.capture_layers", list(spec.capture_layers),
                 f"differs from model.capture_layers {list(model.capture_layers)}, "
                 "which the draft was trained on", str(list(model.capture_layers)))
 
     if server.profile == SM120_PROFILE:
         for field_name, value in server.kernels.items():
             if value is not None and str(value).lower() in SM120_UNSUPPORTED:
-                err.add(f"server.kernels.{field_name}", value,
+                err.add(f"{key}.kernels.{field_name}", value,
                         "does not run on sm120 (Unsupported architecture)",
                         SM120_KERNELS_VALID)
         deepgemm = server.env.get("SGL_ENABLE_JIT_DEEPGEMM")
         if deepgemm is not None and str(deepgemm) != "0":  # unset: the launcher sets "0"
-            err.add("server.env.SGL_ENABLE_JIT_DEEPGEMM", deepgemm,
+            err.add(f"{key}.env.SGL_ENABLE_JIT_DEEPGEMM", deepgemm,
                     "DeepGEMM does not run on sm120; the JIT must be switched off", "'0' or unset")
         if server.mem_fraction_static is not None and server.mem_fraction_static > SM120_MAX_MEM_FRACTION:
-            err.add("server.mem_fraction_static", server.mem_fraction_static,
+            err.add(f"{key}.mem_fraction_static", server.mem_fraction_static,
                     "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
 
     mem = server.mem_fraction_static
     if mem is not None and not 0 < mem <= 1:
-        err.add("server.mem_fraction_static", mem, "a fraction of the accelerator memory", "(0, 1] or null")
-    err.positive("server.startup_timeout_s", server.startup_timeout_s)
+        err.add(f"{key}.mem_fraction_static", mem, "a fraction of the accelerator memory", "(0, 1] or null")
+    err.positive(f"{key}.startup_timeout_s", server.startup_timeout_s)
     if server.profile == CPU_PROFILE:
         if server.backend != VLLM:
-            err.add("server.profile", CPU_PROFILE, f"the cpu profile is vLLM's CPU build, not {server.backend}",
-                    ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or server.backend={VLLM})")
-        err.positive("server.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
+            err.add(f"{key}.profile", CPU_PROFILE, f"the cpu profile is vLLM's CPU build, not {server.backend}",
+                    ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or {key}.backend={VLLM})")
+        err.positive(f"{key}.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
     if server.backend == VLLM:
         for field_name, value in server.kernels.items():
             if value is not None:
-                err.add(f"server.kernels.{field_name}", value,
+                err.add(f"{key}.kernels.{field_name}", value,
                         "an SGLang kernel flag; the vLLM launcher would ignore it",
                         "null with server.backend=vllm (vLLM flags go in server.extra_args)")
         if spec.algorithm is not None and spec.eagle_topk != 1:
-            err.add("server.speculative.eagle_topk", spec.eagle_topk,
+            err.add(f"{key}.speculative.eagle_topk", spec.eagle_topk,
                     "vLLM drafts a chain of num_steps tokens", "1")
     for arg in server.extra_args:
         flag = str(arg).split("=", 1)[0]
@@ -162,13 +166,17 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
         if owner is None and flag.startswith(LAUNCHER_FLAG_PREFIX[0]):
             owner = LAUNCHER_FLAG_PREFIX[1]
         if owner is not None:
-            err.add("server.extra_args", str(arg), f"the launcher sets this flag from {owner} (and checks it there)",
+            owner = owner.replace("server.", f"{key}.", 1)  # the node this server's keys live in
+            err.add(f"{key}.extra_args", str(arg), f"the launcher sets this flag from {owner} (and checks it there)",
                     f"set {owner} instead")
 
 
 def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
-    """stage=serve launches (or checks) an HTTP server: the in-process backend has none."""
-    if cfg.server.backend not in ENGINES:
+    """stage=serve launches (or checks) an HTTP server: the in-process backend has none (with
+    serve.hidden_states it serves extract.server, whose rules extract.backend=vllm runs)."""
+    if cfg.serve.hidden_states and cfg.extract.backend != VLLM:
+        err.add("serve.hidden_states", True, "serves the vLLM server of extract.backend=vllm", "extract.backend=vllm")
+    if cfg.server.backend not in ENGINES and not cfg.serve.hidden_states:
         err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
                 f"{', '.join(ENGINES)} (e.g. server=sglang)")
 

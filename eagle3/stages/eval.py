@@ -13,6 +13,7 @@ directory and copied into the job's run directory, and logged to the job's logge
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, Optional
@@ -42,31 +43,42 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    import torch
 
     from eagle3.draft.evaluate import (
         load_eval_draft,
         real_acceptance,
         simulated_acceptance,
     )
-    from eagle3.extract.dataset import HiddenStateDataset
+    from eagle3.draft.fit import split_dataset
+    from eagle3.extract.sources import online_states
     from eagle3.stages.extract import EXTRACT
+    from eagle3.stages.merge import MERGE
+    from eagle3.stages.train import online
     from eagle3.tracking import job_loggers
 
     trained = _unit_inputs(cfg, ctx, unit)["train"]
-    extract = require(EXTRACT, cfg, ctx, unit)
+    if online(cfg):
+        states = {"merged": require(MERGE, cfg, ctx, unit)}
+        merged_dir = Path(states["merged"].dir)
+    else:
+        states = {"extract": require(EXTRACT, cfg, ctx, unit)}
+        merged_dir = Path(states["extract"].inputs["merged"]["path"])
     m, ev = cfg.model, cfg.eval
     geometry, draft, head = load_eval_draft(Path(trained.dir) / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
                                             revision=m.revision, cache_dir=cfg.paths.hf_cache,
                                             text_config_key=m.text_config_key)
-    eval_set = HiddenStateDataset.from_manifests(extract, "eval", dtype=torch.float32)
-    simulated = simulated_acceptance(geometry, draft, head, OmegaConf.to_container(cfg.train, resolve=True),
-                                     eval_set, ev.ks, batch_tokens=int(cfg.train.batch_tokens))
+    with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
+        make_source = stack.enter_context(online_states(cfg, ctx.run_dir)) if online(cfg) else None
+        eval_set = split_dataset(states, "eval", make_source)
+        simulated = simulated_acceptance(geometry, draft, head, OmegaConf.to_container(cfg.train, resolve=True),
+                                         eval_set, ev.ks, batch_tokens=int(cfg.train.batch_tokens))
+        if make_source is not None:
+            eval_set.close_source()
     report: dict[str, Any] = {"dataset": unit, "draft": str(Path(trained.dir) / EXPORT_DIR), "simulated": simulated}
     log.info("eval: simulated accept length %.3f over %d eval samples (acc per step %s)",
              simulated["sim_accept_len"], simulated["samples"], ", ".join(f"{a:.3f}" for a in simulated["acc"]))
 
-    prompts = heldout_prompts(Path(extract.inputs["merged"]["path"]) / EVAL_FILE, int(ev.num_prompts))
+    prompts = heldout_prompts(merged_dir / EVAL_FILE, int(ev.num_prompts))
     out.count_in(len(prompts))
     out.count_out(len(prompts))
     if prompts:

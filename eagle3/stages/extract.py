@@ -23,11 +23,12 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.draft.options import ONLINE
 from eagle3.extract.preflight import DiskSpaceError, plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
+from eagle3.extract.sources import open_states
 from eagle3.extract.store import StoreSpec
 from eagle3.extract.summary import unit_summary
-from eagle3.extract.target import check_geometry, load_target
 from eagle3.extract.writer import DiskFull
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import MERGE
@@ -43,11 +44,24 @@ def store_spec(cfg: DictConfig) -> StoreSpec:
     m = cfg.model
     return StoreSpec(model=m.name, target=weights_identity(m.path, m.revision, m.dtype),
                      capture_layers=tuple(int(i) for i in m.capture_layers),
-                     storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size))
+                     storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size),
+                     source=str(cfg.extract.backend))
 
 
 def store_dir(cfg: DictConfig) -> Path:
     return Path(cfg.extract.store_root).expanduser().resolve() / store_spec(cfg).dirname
+
+
+def states_identity(cfg: DictConfig) -> dict[str, Any]:
+    """What the hidden states are a function of, stored or not (online training fingerprints it)."""
+    spec = store_spec(cfg)
+    return {"backend": str(cfg.extract.backend), "target": spec.target, "capture_layers": list(spec.capture_layers),
+            "text_config_key": cfg.model.text_config_key}
+
+
+def _units(cfg: DictConfig) -> list[str]:
+    # Online training computes states while it trains: there is nothing to store.
+    return [] if str(cfg.train.hidden_states) == ONLINE else mixture_unit(cfg)
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -74,33 +88,27 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {"merged": require(MERGE, cfg, ctx, unit)}
 
 
-def _load(cfg: DictConfig):
-    m = cfg.model
-    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code),
-                        revision=m.revision, device_map=cfg.extract.device_map,
-                        cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
-    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
-    return parts
-
-
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
     ex = cfg.extract
     job = UnitJob(merged_dir=Path(merged.dir), store_dir=store_dir(cfg), spec=store_spec(cfg), shard=ex.shard,
                   num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
                   disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
-                  load=lambda: _load(cfg))
+                  open_source=lambda: open_states(cfg, ctx.run_dir))
     return unit_summary(job, out, run_extraction(job, out))
 
 
 def dry_run(cfg: DictConfig) -> str:
     """The plan's disk estimate (printed by `extract.dry_run=true`)."""
+    from eagle3.planning.forwards import dry_run_lines
+
     ex = cfg.extract
-    return plan_report(model=cfg.model.name, hidden=int(cfg.model.hidden_size),
+    return "\n".join([plan_report(model=cfg.model.name, hidden=int(cfg.model.hidden_size),
                        capture_layers=list(cfg.model.capture_layers), scale=cfg.data.scale,
                        eval_size=int(cfg.data.eval_size), tokens_per_sample=int(ex.assumed_tokens_per_sample),
                        store_dir=store_dir(cfg), margin_gb=float(ex.disk_margin_gb),
-                       assume_free_bytes=ex.assume_free_bytes, num_shards=int(ex.num_shards))
+                       assume_free_bytes=ex.assume_free_bytes, num_shards=int(ex.num_shards)),
+                      *dry_run_lines(cfg)])
 
 
 class ExtractStage(UnitStage):
@@ -121,7 +129,7 @@ class ExtractStage(UnitStage):
 EXTRACT = ExtractStage(
     name="extract",
     help="target hidden states (capture layers + final norm) into the shared content-keyed store",
-    units=mixture_unit,
+    units=_units,
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,

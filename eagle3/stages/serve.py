@@ -11,6 +11,9 @@ generated with another backend, e.g. the in-process demo chain, is found too: `s
 before launch (`eagle3.serving.commands`); `server.speculative.algorithm=null` serves the target
 alone. `serve.dry_run=true` prints the command and environment and launches nothing.
 With `server.urls` set nothing is launched: the URLs are health-checked and printed.
+`serve.hidden_states=true` serves `extract.server` instead, the way `extract.backend=vllm` launches
+it (vLLM's extract_hidden_states method and eagle3's connector), for extraction or online training
+jobs elsewhere to use through `extract.server.urls` (with a shared `extract.http.exchange_dir`).
 
     python scripts/run.py stage=serve model=kimi_k25 server=sglang_sm120 \\
         server.speculative.draft_path=/models/kimi-eagle3/draft/sglang serve.dry_run=true
@@ -65,21 +68,31 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     from eagle3.serving.process import ServerProcess, check_health
 
     out = out or sys.stdout
-    server = cfg.server
+    states = bool(cfg.serve.hidden_states)
+    server = cfg.extract.server if states else cfg.server
+    key = "extract.server" if states else "server"
     if server.urls:
         urls = check_health(list(server.urls), str(server.backend))
         for url in urls:
-            print(f"# eagle3 serve: {server.backend} already running and healthy at {url} (server.urls; "
+            print(f"# eagle3 serve: {server.backend} already running and healthy at {url} ({key}.urls; "
                   "nothing launched)", file=out, flush=True)
         return []
 
-    command = build_command(cfg, resolve_draft(cfg, ctx))
-    what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
+    if states:
+        from eagle3.extract.sources import exchange_dir, extraction_command
+
+        command = extraction_command(cfg, ctx.run_dir)
+        what = f"{command.backend} at {command.url}, handing out hidden states into {exchange_dir(cfg)}"
+    else:
+        command = build_command(cfg, resolve_draft(cfg, ctx))
+        what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
     if cfg.serve.dry_run:
         print(f"# eagle3 serve: {what} (dry run: nothing launched)", file=out)
         print(command.shell(), file=out, flush=True)
         return []
 
+    if states:
+        exchange_dir(cfg).mkdir(parents=True, exist_ok=True)
     log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)

@@ -1,7 +1,10 @@
-"""Stage `train`: the EAGLE-3 draft, trained with Lightning on the hidden-state store.
+"""Stage `train`: the EAGLE-3 draft, trained with Lightning on the target's hidden states.
 
 The unit is one mix (`dataset.name`). Inputs: the extract manifest (store + merged splits) and
-the vocab manifest (`d2t`/`t2d`). Outputs in the unit directory: `checkpoints/` (Lightning,
+the vocab manifest (`d2t`/`t2d`); with `train.hidden_states=online` the merge manifest instead of
+the extract one: each batch's states come from the target while it trains (`extract.backend`:
+in this process, or a vLLM server launched for the fit) and nothing is stored. Outputs in the
+unit directory: `checkpoints/` (Lightning,
 `last.ckpt` every `train.checkpoint_every_n_steps` steps and at the end), the exported draft
 for each engine under `draft/sglang` and `draft/vllm`, and `train_metrics.json`.
 
@@ -11,6 +14,7 @@ inside the epoch are all in it). Metrics go through Lightning to the job's logge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -19,10 +23,12 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps
+from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
+from eagle3.draft.options import ONLINE
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
-from eagle3.stages.extract import EXTRACT
+from eagle3.stages.extract import EXTRACT, states_identity
+from eagle3.stages.merge import MERGE
 from eagle3.stages.vocab import D2T_FILE, T2D_FILE, VOCAB
 
 log = logging.getLogger("eagle3")
@@ -31,28 +37,53 @@ METRICS_FILE = "train_metrics.json"
 FORMAT_VERSION = 1
 # Keys of `train` that do not change what is trained (only how it is watched).
 _UNTRACKED = ("log_every_n_steps", "num_workers")
+ONLINE_URLS_FILE = "online_servers.json"  # rank 0's state server, for ranks a launcher starts apart
+
+
+def online(cfg: DictConfig) -> bool:
+    """Whether this config trains on states computed while training (`train.hidden_states=online`)."""
+    return str(cfg.train.hidden_states) == ONLINE
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    train = OmegaConf.to_container(cfg.train, resolve=True)
-    return {
-        "train": {k: v for k, v in train.items() if k not in _UNTRACKED},
-        "draft": OmegaConf.to_container(cfg.model.draft, resolve=True),
-        "seed": int(cfg.seed),
-        "format": FORMAT_VERSION,
-    }
+    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _UNTRACKED}
+    config = {"train": train, "draft": OmegaConf.to_container(cfg.model.draft, resolve=True), "seed": int(cfg.seed),
+              "format": FORMAT_VERSION}
+    if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
+        config["states"] = states_identity(cfg)
+    else:
+        train.pop("hidden_states")  # store mode keeps the fingerprint it always had
+    return config
 
 
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    return {"extract": require(EXTRACT, cfg, ctx, unit), "vocab": require(VOCAB, cfg, ctx, unit)}
+    states = ("merged", MERGE) if online(cfg) else ("extract", EXTRACT)
+    return {states[0]: require(states[1], cfg, ctx, unit), "vocab": require(VOCAB, cfg, ctx, unit)}
 
 
-def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path):
-    from eagle3.tracking import job_loggers
+@contextlib.contextmanager
+def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, rank: int = 0):
+    """`(train, eval)` for the block: stored states, or online ones (a state server up for the block)."""
+    from eagle3.extract.sources import online_states
 
     inputs = _unit_inputs(cfg, ctx, unit)
-    vocab_dir = Path(inputs["vocab"].dir)
-    return fit_draft(cfg, inputs["extract"], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE), unit_dir,
+    if not online(cfg):
+        yield training_sets(inputs)
+        return
+    with online_states(cfg, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
+        sets = training_sets(inputs, make_source)
+        try:
+            yield sets
+        finally:
+            for dataset in sets:
+                dataset.close_source()
+
+
+def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
+    from eagle3.tracking import job_loggers
+
+    vocab_dir = Path(_unit_inputs(cfg, ctx, unit)["vocab"].dir)
+    return fit_draft(cfg, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE), unit_dir,
                      job_loggers(cfg, ctx.run_dir))
 
 
@@ -61,14 +92,18 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     from eagle3.tracking import job_loggers
 
     t = cfg.train
-    fit = _fit(cfg, ctx, unit, out.dir)
-    module, train_set, eval_set, wall = fit.module, fit.train_set, fit.eval_set, fit.wall_s
+    with _datasets(cfg, ctx, unit, out.dir) as sets:
+        fit = _fit(cfg, ctx, unit, out.dir, sets)
+        module, train_set, eval_set, wall = fit.module, fit.train_set, fit.eval_set, fit.wall_s
+        module.to("cpu").eval()
+        pooled = evaluate_pooled(module, eval_set, batch_tokens=int(t.batch_tokens)) if len(eval_set) else None
     done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)
+    # Online: what computing the states cost rank 0 during the fit (train shard, validations).
+    states = {"hidden_states": str(t.hidden_states),
+              **({"states_source": done.get("states_source", [])} if online(cfg) else {})}
     out.count_in(len(train_set))
     out.count_out(len(train_set))
 
-    module.to("cpu").eval()
-    pooled = evaluate_pooled(module, eval_set, batch_tokens=int(t.batch_tokens)) if len(eval_set) else None
     exports = export_engines(module, out.dir / EXPORT_DIR, str(t.export_dtype),
                              {"dataset": unit, "global_step": done["global_step"]})
     metrics = {
@@ -86,6 +121,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
         "eval": pooled,
         "geometry": module.draft.geometry.to_dict(),
         "trainable_parameters": sum(p.numel() for p in module.draft.parameters() if p.requires_grad),
+        **states,
     }
     atomic_write_json(out.dir / METRICS_FILE, metrics)
     if pooled:
@@ -119,7 +155,8 @@ class TrainStage(UnitStage):
             where, manifest = self.locate(cfg, ctx, unit)
             if manifest is None:
                 log.info("train: rank %d joins training of %s", rank, where)
-                _fit(cfg, ctx, unit, where)
+                with _datasets(cfg, ctx, unit, where, rank) as sets:
+                    _fit(cfg, ctx, unit, where, sets)
         raise SystemExit(0)
 
 

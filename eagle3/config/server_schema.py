@@ -1,0 +1,106 @@
+"""The schema of the serving engines' config nodes: `server` (and `extract.server`), `serve`, `bench`.
+
+Part of the schema (`eagle3.config.schema`, whose docstring states the rule: every default lives
+here, next to its type, and a YAML file sets only what its option changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from omegaconf import II
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative-decoding settings of a serving engine (SGLang spelling of the algorithm)."""
+
+    algorithm: Optional[str] = None  # None = speculation off | EAGLE3 | EAGLE
+    # An export directory (eagle3.draft.export) for this engine; None = the export of this
+    # config's complete train output (stage=serve finds it).
+    draft_path: Optional[str] = None
+    num_steps: int = 3
+    eagle_topk: int = 1
+    num_draft_tokens: int = 4
+    # Capture layers of the draft in HF numbering; None = model.capture_layers. The launcher
+    # writes them per engine (SGLang: capture-1; vLLM: as is).
+    capture_layers: Optional[List[int]] = None
+    draft_quantization: Optional[str] = None  # SGLang: unquant keeps the draft in bf16
+    attention_mode: Optional[str] = None  # SGLang: prefill | decode
+
+
+@dataclass
+class KernelBackendsConfig:
+    """SGLang kernel choices; on sm120 several of these do not run (validate.SM120_UNSUPPORTED)."""
+
+    attention_backend: Optional[str] = None
+    prefill_attention_backend: Optional[str] = None
+    decode_attention_backend: Optional[str] = None
+    draft_attention_backend: Optional[str] = None
+    moe_runner_backend: Optional[str] = None
+
+
+@dataclass
+class ServerConfig:
+    """The engine that serves the target (and draft): in-process HF or an HTTP server."""
+
+    backend: str = "hf"  # hf | sglang | vllm
+    # generic | sm120 | h200 | cpu (vLLM's CPU build: VLLM_CPU_* env, libiomp5 preloaded for EAGLE-3)
+    profile: str = "generic"
+    python: str = "python"  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
+    host: str = "127.0.0.1"  # loopback only
+    port: int = 30000
+    urls: List[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
+    tp: int = 1
+    dp: int = 1
+    dtype: str = "auto"
+    context_length: Optional[int] = None
+    mem_fraction_static: Optional[float] = None
+    # The model's parsers (Kimi: kimi_k2), so served answers split reasoning and tool calls.
+    reasoning_parser: Optional[str] = II("model.reasoning_parser")
+    tool_call_parser: Optional[str] = II("model.tool_call_parser")
+    trust_remote_code: bool = II("model.trust_remote_code")
+    startup_timeout_s: float = 1800.0  # until the health endpoint answers 200
+    vllm_cpu_kvcache_gb: int = 1  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
+    kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # Set on top of what the launcher derives (SGLANG_ENABLE_SPEC_V2, SGL_ENABLE_JIT_DEEPGEMM,
+    # VLLM_CPU_*, LD_PRELOAD); a key here wins.
+    env: Dict[str, str] = field(default_factory=dict)
+    extra_args: List[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
+
+
+@dataclass
+class ServeConfig:
+    """Stage serve: launch the configured server and hold it until Ctrl-C."""
+
+    dry_run: bool = False  # print the command line and environment, launch nothing
+    # Serve extract.server as extract.backend=vllm launches it (vLLM's extract_hidden_states method with
+    # eagle3's connector) for jobs elsewhere to use through extract.server.urls, instead of `server`.
+    hidden_states: bool = False
+    # server.backend the chain generated its data with, where the draft is found; null = the
+    # served backend if it has a chain, else the one backend that does (eagle3/stages/chain.py).
+    data_backend: Optional[str] = None
+
+
+@dataclass
+class BenchConfig:
+    """Stage bench: the served target without and with the draft (tok/s, engine accept length)."""
+
+    # The in-process eval's prompts and lengths, so the engine's accept length compares with eval's.
+    num_prompts: int = II("eval.num_prompts")  # held-out prompts (first assistant turns of the eval split)
+    max_new_tokens: int = II("eval.max_new_tokens")  # per prompt, greedy
+    concurrency: int = 1  # requests in flight (1 = batch-1 decoding, what speculation speeds up)
+    warmup_requests: int = 1  # sent before the timed part, not counted
+    repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)
+    baseline: bool = True  # also measure the target alone (speedup); false = speculative only
+    # With server.urls (connect mode: nothing launched) the baseline server's URLs.
+    baseline_urls: List[str] = field(default_factory=list)
+    # At or below this accept length under speculation the draft is unused: FAILED, not a number.
+    min_accept_length: float = 1.05
+    request_timeout_s: float = 600.0
+    # server.backend the chain generated its data with (part of the fingerprints of merge, train
+    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend if it
+    # has a chain, else the one backend that does (eagle3/stages/chain.py).
+    data_backend: Optional[str] = None

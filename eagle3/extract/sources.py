@@ -1,0 +1,234 @@
+"""Where hidden states come from (`extract.backend`): the target in this process, or vLLM servers.
+
+A source answers `states(seqs)` for token sequences, in order, each with `(aux [T, C*H], final
+[T, H])` -- the C capture layers side by side and the teacher, the output of the target's final
+norm -- or with `(reason, detail)` when it has none for that sequence. Stage extract stores what
+it answers; online training (`train.hidden_states=online`) trains on it directly. Both backends
+use the one capture convention (capture i = the residual stream entering decoder layer i = HF
+`hidden_states[i]`), converted for vLLM through `eagle3.layer_ids`.
+
+* `hf`: transformers in this process, pre-hooks on the capture layers (`capture`), loaded on the
+  first call (`extract.device_map` spreads a big target over GPUs);
+* `vllm`: `extract.server` -- launched for the block with vLLM's `extract_hidden_states` method and
+  eagle3's KV connector, or the running servers at `extract.server.urls` -- through
+  `eagle3.extract.vllm_client`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Union
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.extract.capture import LayerCapture, capture_samples
+from eagle3.extract.target import DecoderParts
+
+__all__ = ["HFStates", "StateSource", "exchange_dir", "online_states", "open_states", "vllm_layer_ids"]
+
+log = logging.getLogger("eagle3")
+States = Union[tuple[torch.Tensor, torch.Tensor], tuple[str, str]]
+PLUGIN_MODULE = "eagle3_vllm_connector"  # the connector's module name on the server's PYTHONPATH
+INCOMING_DIR = ".incoming"
+
+
+class StateSource(Protocol):
+    name: str
+
+    def states(self, seqs: Sequence[np.ndarray]) -> list[States]:
+        """Per sequence: `(aux [T, C*H], final [T, H])`, or `(reject reason, detail)`."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+class HFStates:
+    """States from transformers in this process; the target loads on the first `states` call.
+
+    Picklable before that call (a spawned DDP rank loads its own copy).
+    """
+
+    name = "hf"
+
+    def __init__(self, load: Callable[[], DecoderParts], capture_layers: Sequence[int]) -> None:
+        self._load = load
+        self.capture_layers = [int(i) for i in capture_layers]
+        self._capture: Optional[LayerCapture] = None
+        self.counters = {"prompts": 0, "tokens": 0, "seconds": 0.0}
+
+    def states(self, seqs: Sequence[np.ndarray]) -> list[States]:
+        if self._capture is None:
+            self._capture = LayerCapture(self._load(), self.capture_layers).__enter__()
+        started = time.perf_counter()
+        results = capture_samples(self._capture, seqs)
+        self.counters["seconds"] += time.perf_counter() - started
+        self.counters["prompts"] += len(seqs)
+        self.counters["tokens"] += sum(len(s) for s in seqs)
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, **self.counters}
+
+    def close(self) -> None:
+        if self._capture is not None:
+            self._capture.__exit__(None, None, None)
+            self._capture = None
+
+    def __enter__(self) -> HFStates:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._capture is not None:
+            raise TypeError("HFStates holds a loaded target: it crosses process boundaries only before first use")
+        return dict(self.__dict__)
+
+
+def load_hf_target(cfg: DictConfig) -> DecoderParts:
+    """The configured target, loaded with transformers and checked against `model.*`."""
+    from eagle3.extract.target import check_geometry, load_target
+
+    m = cfg.model
+    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code),
+                        revision=m.revision, device_map=cfg.extract.device_map,
+                        cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
+    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
+    return parts
+
+
+def vllm_layer_ids(cfg: DictConfig) -> list[int]:
+    """What vLLM is asked to capture: the capture layers in vLLM's numbering, then the final residual."""
+    from eagle3.layer_ids import engine_aux_layer_ids
+    from eagle3.serving.engines import VLLM
+
+    return [*engine_aux_layer_ids(cfg.model.capture_layers, VLLM), int(cfg.model.num_layers)]
+
+
+def exchange_dir(cfg: DictConfig) -> Path:
+    """Where an extraction server writes its files (`extract.http.exchange_dir`, default under the store root)."""
+    configured = cfg.extract.http.exchange_dir
+    return Path(str(configured) if configured else Path(str(cfg.extract.store_root)) / INCOMING_DIR).expanduser().resolve()
+
+
+def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
+    """The command of a vLLM server that hands out this config's hidden states (`extract.server`)."""
+    from eagle3.extract import vllm_connector
+    from eagle3.serving.commands import HiddenStateExport, vllm_command
+
+    plugin_dir = Path(run_dir) / "vllm_plugin"
+    plugin_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vllm_connector.__file__, plugin_dir / f"{PLUGIN_MODULE}.py")  # self-contained: vLLM, torch only
+    context = cfg.extract.server.context_length
+    export = HiddenStateExport(layer_ids=tuple(vllm_layer_ids(cfg)), exchange_dir=str(exchange_dir(cfg)),
+                               plugin_dir=str(plugin_dir), connector_module=PLUGIN_MODULE,
+                               connector=vllm_connector.CONNECTOR_NAME,
+                               max_model_len=max(int(context or 0), int(cfg.data.max_len) + 1))
+    launch = copy.deepcopy(cfg)
+    launch.server = copy.deepcopy(launch.extract.server)  # the launcher reads `server`
+    OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)  # it extracts, it does not draft
+    return vllm_command(launch, hidden_states=export)
+
+
+@contextlib.contextmanager
+def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
+    """Base URLs of the extraction servers: `extract.server.urls`, or one launched for the block."""
+    from eagle3.serving.process import ServerProcess, check_health
+
+    server = cfg.extract.server
+    if server.urls:
+        yield check_health(list(server.urls), str(server.backend), timeout_s=float(cfg.extract.http.connect_wait_s))
+        return
+    command = extraction_command(cfg, run_dir)
+    exchange_dir(cfg).mkdir(parents=True, exist_ok=True)
+    log_path = Path(run_dir) / f"extract-{command.log_name}"
+    log.info("extract: starting the vLLM server that hands out hidden states: %s (log %s)", command.shell(), log_path)
+    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s)) as proc:
+        yield [proc.url]
+
+
+@contextlib.contextmanager
+def open_states(cfg: DictConfig, run_dir: Path) -> Iterator[StateSource]:
+    """The source `extract.backend` names, open for the block (a launched server is stopped after)."""
+    from eagle3.extract import BACKENDS
+    from eagle3.serving.engines import IN_PROCESS
+
+    backend = str(cfg.extract.backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"extract.backend={backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == IN_PROCESS:
+        with HFStates(lambda: load_hf_target(cfg), cfg.model.capture_layers) as source:
+            yield source
+        return
+    from eagle3.draft.target_weights import load_final_norm
+    from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
+
+    m = cfg.model
+    norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
+    with vllm_servers(cfg, run_dir) as urls:
+        states = VLLMStates(urls, ExtractHTTPSettings.from_config(cfg.extract.http), len(m.capture_layers), norm)
+        try:
+            yield states
+        finally:
+            states.close()
+
+
+@contextlib.contextmanager
+def online_states(cfg: DictConfig, run_dir: Path, urls_file: Optional[Path] = None,
+                  wait_for_urls: bool = False) -> Iterator[Callable[[], StateSource]]:
+    """A picklable maker of this config's state source, valid for the block (online training).
+
+    Each process that trains calls it once and gets its own source: `hf` loads the target there;
+    `vllm` connects to the servers -- `extract.server.urls`, or one launched for the block, whose
+    URLs go to `urls_file` so that the ranks a launcher starts separately (torchrun, Lightning's
+    ddp) use it too (`wait_for_urls`: such a rank waits for the file instead of launching).
+    """
+    from eagle3.serving.engines import IN_PROCESS
+
+    if str(cfg.extract.backend) == IN_PROCESS:
+        yield functools.partial(HFStates, functools.partial(load_hf_target, cfg), list(cfg.model.capture_layers))
+        return
+    from eagle3.draft.target_weights import load_final_norm
+    from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
+
+    m = cfg.model
+    norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
+    settings = ExtractHTTPSettings.from_config(cfg.extract.http)
+    if wait_for_urls and urls_file is not None and not cfg.extract.server.urls:
+        yield functools.partial(VLLMStates, _await_urls(urls_file, float(cfg.extract.server.startup_timeout_s)),
+                                settings, len(m.capture_layers), norm)
+        return
+    with vllm_servers(cfg, run_dir) as urls:
+        if urls_file is not None:
+            from eagle3.artifacts import atomic_write_json
+
+            atomic_write_json(urls_file, {"urls": urls})
+        try:
+            yield functools.partial(VLLMStates, urls, settings, len(m.capture_layers), norm)
+        finally:
+            if urls_file is not None:
+                urls_file.unlink(missing_ok=True)
+
+
+def _await_urls(urls_file: Path, timeout_s: float) -> list[str]:
+    import json
+
+    deadline = time.monotonic() + timeout_s
+    while not urls_file.is_file():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{urls_file}: rank 0 did not publish its vLLM server within {timeout_s:g} s")
+        time.sleep(0.5)
+    return list(json.loads(urls_file.read_text())["urls"])

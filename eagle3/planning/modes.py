@@ -1,0 +1,167 @@
+"""Store versus online hidden states, side by side (the plan's `hidden_states` section).
+
+The two modes trade disk for target compute. Store mode runs the target once over the mix
+(extract) and keeps 2-4 KiB per token per captured layer; online mode keeps nothing but runs the
+target again for every epoch and every validation. Which wins depends on the epochs, the disk
+and how fast the target's prefill is, so the plan shows both with the same inputs: bytes
+stored, target forward passes (samples and tokens), and wall-time estimates from throughputs
+measured by earlier runs (`extract_tokens_per_s` in extract manifests, `train_tokens_per_s` in
+train manifests). A rate measured on this very unit is `actual`; one measured by another run of
+the same target, capture layers and backend (extract) or draft and batch (train) - a 10K run
+before the 100K one - is an `estimate` and names the directory it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
+from eagle3.draft.options import HIDDEN_STATE_MODES, ONLINE, STORE
+from eagle3.planning import figures
+from eagle3.planning.figures import Figure
+from eagle3.planning.forwards import forward_passes
+
+__all__ = ["hidden_state_modes"]
+
+
+def _rate(value: Optional[float], basis: str, note: str) -> Optional[Figure]:
+    return None if not value else Figure(round(float(value), 1), basis, note)
+
+
+def _complete_manifests(stage_dir: Path) -> list[Manifest]:
+    """Complete manifests of a stage, newest first (damaged ones are skipped: this is a plan).
+
+    Callers put the unit's own directory first (`_own_first`): its rate is the one measured here.
+    """
+    found = []
+    for path in stage_dir.glob(f"*/{MANIFEST_NAME}"):
+        try:
+            manifest = Manifest.load(path.parent)
+        except Exception:  # noqa: BLE001 - a damaged neighbour must not stop a plan
+            continue
+        if manifest.status == STATUS_COMPLETE:
+            found.append(manifest)
+    return sorted(found, key=lambda m: str(m.completed_at or ""), reverse=True)
+
+
+def _own_first(manifests: list[Manifest], own: Optional[Path]) -> list[Manifest]:
+    return sorted(manifests, key=lambda m: own is None or Path(m.dir) != own)  # stable: newest first after it
+
+
+class _Rates:
+    """Measured throughputs of earlier runs that apply to this config's target and draft."""
+
+    def __init__(self, cfg: DictConfig, root: Path, states: dict[str, Any]):
+        self.cfg, self.states = cfg, states
+        self.extracts = _complete_manifests(root / "extract")
+        self.trains = _complete_manifests(root / "train")
+
+    def extract(self, backend: str, own: Optional[Path]) -> Optional[Figure]:
+        """Extraction tokens/s of `backend` on this target and capture layers."""
+        for m in _own_first(self.extracts, own):
+            same = (m.config.get("backend", "hf") == backend and m.config.get("target") == self.states["target"]
+                    and list(m.config.get("capture_layers", [])) == self.states["capture_layers"])
+            if same and m.extra.get("extract_tokens_per_s"):
+                own_unit = own is not None and Path(m.dir) == own
+                return _rate(m.extra["extract_tokens_per_s"], "actual" if own_unit else "estimate",
+                             f"extract_tokens_per_s of {m.dir}" + ("" if own_unit else " (same target, layers, "
+                                                                   f"backend {backend})"))
+        return None
+
+    def train(self, mode: str, own: Optional[Path]) -> Optional[Figure]:
+        """Training tokens/s in `mode` for this draft and batch (online: also this state source)."""
+        draft = OmegaConf.to_container(self.cfg.model.draft, resolve=True)
+        batch = int(self.cfg.train.batch_tokens)
+        for m in _own_first(self.trains, own):
+            cfg = m.config
+            m_mode = m.extra.get("hidden_states", STORE)
+            same = (m_mode == mode and cfg.get("draft") == draft
+                    and cfg.get("train", {}).get("batch_tokens") == batch
+                    and (mode == STORE or cfg.get("states") == self.states))
+            if same and m.extra.get("train_tokens_per_s"):
+                own_unit = own is not None and Path(m.dir) == own
+                return _rate(m.extra["train_tokens_per_s"], "actual" if own_unit else "estimate",
+                             f"train_tokens_per_s of {m.dir}" + ("" if own_unit else " (same draft and batch)"))
+        return None
+
+
+def _seconds(tokens: Figure, rate: Optional[Figure], note: str) -> Figure:
+    if rate is None:
+        return figures.unknown("no run measured this throughput yet")
+    return figures.derive(tokens.value / rate.value if tokens.known else None, tokens, rate, basis="estimate",
+                          note=note)
+
+
+def _serial_rate(a: Optional[Figure], b: Optional[Figure]) -> Optional[Figure]:
+    """Tokens/s of doing both per token one after the other (no overlap: an upper bound on time)."""
+    if a is None or b is None:
+        return None
+    return Figure(round(1.0 / (1.0 / a.value + 1.0 / b.value), 1), "estimate",
+                  f"target forward ({a.value:,} tok/s) then draft step ({b.value:,} tok/s) per token, not overlapped")
+
+
+def _unit_dir(stage, cfg: DictConfig, ctx) -> Optional[Path]:
+    from eagle3.stages.base import MissingInput
+
+    units = stage.units(cfg)
+    if not units:
+        return None
+    try:
+        return stage.locate(cfg, ctx, units[0])[0]
+    except MissingInput:
+        return None
+
+
+def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
+    """Both modes' bytes, target forward passes and wall estimates for this config, as plain data."""
+    from eagle3.stages.extract import EXTRACT, states_identity
+    from eagle3.stages.train import TRAIN
+
+    tr, mix, store = cfg.train, planner.mix, planner.store
+    backend = str(cfg.extract.backend)
+    train_epochs = figures.token_epochs(mix["train_tokens"], int(tr.max_epochs), int(tr.max_steps))
+    args = (int(tr.max_epochs), int(tr.max_steps), int(tr.eval_every_n_epochs))
+
+    rates = _Rates(cfg, Path(ctx.root), states_identity(cfg))
+    own_dirs = {}
+    for mode in HIDDEN_STATE_MODES:  # the train unit each mode would use (fingerprints differ)
+        mode_cfg = OmegaConf.merge(cfg, {"train": {"hidden_states": mode}})
+        own_dirs[mode] = (_unit_dir(TRAIN, mode_cfg, ctx), _unit_dir(EXTRACT, mode_cfg, ctx))
+    extract_rate = rates.extract(backend, own_dirs[STORE][1])
+    store_train_rate = rates.train(STORE, own_dirs[STORE][0])
+    online_train_rate = rates.train(ONLINE, own_dirs[ONLINE][0]) or _serial_rate(extract_rate, store_train_rate)
+
+    configured_fmt = store["configured"]
+    modes = {}
+    for mode in HIDDEN_STATE_MODES:
+        tokens = forward_passes(mode, mix["train_tokens"], mix["eval_tokens"], *args)
+        samples = forward_passes(mode, mix["train_samples"], mix["eval_samples"], *args)
+        entry: dict[str, Any] = {"target_forward_samples": samples, "target_forward_tokens": tokens}
+        if mode == STORE:
+            entry["bytes_stored"] = store["bytes"][configured_fmt]
+            entry["bytes_stored_by_format"] = store["bytes"]
+            entry["extract_tokens_per_s"] = extract_rate
+            entry["train_tokens_per_s"] = store_train_rate
+            extract_s = _seconds(tokens, extract_rate, "target forward tokens / extract tokens/s")
+            train_s = _seconds(train_epochs, store_train_rate, "train token-epochs / train tokens/s")
+            entry["wall_s"] = {"extract": extract_s, "train": train_s,
+                               "total": figures.total([extract_s, train_s], "extract + train")}
+        else:
+            entry["bytes_stored"] = Figure(0, "config", "online training writes no hidden-state store")
+            entry["train_tokens_per_s"] = online_train_rate
+            train_s = _seconds(train_epochs, online_train_rate,
+                               "train token-epochs / online train tokens/s (the target forward included)")
+            entry["wall_s"] = {"train": train_s, "total": train_s}
+        modes[mode] = {k: (v.to_dict() if isinstance(v, Figure) else
+                           {f: x.to_dict() for f, x in v.items()} if isinstance(v, dict) else v)
+                       for k, v in entry.items() if v is not None}
+    ratio = None
+    s_tok, o_tok = (forward_passes(m, mix["train_tokens"], mix["eval_tokens"], *args) for m in (STORE, ONLINE))
+    if s_tok.known and o_tok.known and s_tok.value:
+        ratio = round(o_tok.value / s_tok.value, 2)
+    return {"configured": str(tr.hidden_states), "backend": backend, "storage_format": configured_fmt,
+            "modes": modes, "online_forward_ratio": ratio}
+

@@ -1,0 +1,154 @@
+"""The hidden-state sources' parts that need no server: vLLM's command line, the connector module,
+the final norm, the checks on a server's file, the config rules, and the plan of both modes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eagle3.draft.target_weights import load_final_norm, rms_norm
+from eagle3.extract import vllm_connector
+from eagle3.extract.sources import PLUGIN_MODULE, exchange_dir, extraction_command, vllm_layer_ids
+from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
+from eagle3.paths import PROJECT_ROOT
+from eagle3.stages import check_config
+from tests.conftest import compose_config
+
+DEMO_TARGET = PROJECT_ROOT / "eagle3" / "assets" / "demo_target"
+VLLM_GENERIC = ["extract.backend=vllm", "extract.server.profile=generic", f"extract.server.python={sys.executable}"]
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_the_extraction_server_runs_the_target_in_its_dtype_with_eagle3s_connector(tmp_path):
+    cfg = compose_config([*VLLM_GENERIC, f"paths.root={tmp_path}"])
+    command = extraction_command(cfg, tmp_path / "run")
+    argv = command.argv
+    assert _flag(argv, "--dtype") == "float32"  # model.dtype: what the stored states are a function of
+    assert _flag(argv, "--max-model-len") == "2049"  # data.max_len + the one token generated
+    assert "--no-enable-prefix-caching" in argv
+    spec = json.loads(_flag(argv, "--speculative-config"))
+    # HF hidden_states indices of the capture layers [2, 4, 5], then num_layers = the final residual.
+    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}}}
+    transfer = json.loads(_flag(argv, "--kv-transfer-config"))
+    assert transfer["kv_connector"] == vllm_connector.CONNECTOR_NAME == "Eagle3HiddenStatesConnector"
+    assert transfer["kv_connector_module_path"] == PLUGIN_MODULE and transfer["kv_role"] == "kv_producer"
+    assert transfer["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "hidden_states" / ".incoming")
+    assert str(exchange_dir(cfg)) == transfer["kv_connector_extra_config"]["shared_storage_path"]
+    plugin = tmp_path / "run" / "vllm_plugin"
+    assert command.env["PYTHONPATH"].split(":")[0] == str(plugin)
+    assert (plugin / f"{PLUGIN_MODULE}.py").read_bytes() == Path(vllm_connector.__file__).read_bytes()
+    assert command.host == "127.0.0.1" and _flag(argv, "--host") == "127.0.0.1"
+    assert "eagle3" not in " ".join(a for a in argv if a.startswith("--speculative"))  # it extracts, never drafts
+
+
+def test_kimi_extraction_server_on_eight_gpus(tmp_path):
+    cfg = compose_config(["experiment=plan_v4_100k", f"paths.root={tmp_path}"])
+    argv = extraction_command(cfg, tmp_path / "run").argv
+    assert _flag(argv, "--tensor-parallel-size") == "8" and "--trust-remote-code" in argv
+    assert vllm_layer_ids(cfg) == [2, 30, 58, 61]
+    assert _flag(argv, "--max-model-len") == "10241"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in extraction_command(cfg, tmp_path / "run").env  # vllm_gpu: no CPU env
+
+
+def test_the_connector_module_imports_without_vllm_and_names_only_its_class():
+    assert vllm_connector.CONNECTOR_NAME == "Eagle3HiddenStatesConnector"
+    with pytest.raises(AttributeError, match="no attribute 'Other'"):
+        vllm_connector.Other  # noqa: B018
+    with pytest.raises(ImportError):  # the main environment has no vLLM: the class is built only inside a server
+        getattr(vllm_connector, vllm_connector.CONNECTOR_NAME)
+
+
+def test_the_connectors_file_is_whole_or_absent(tmp_path):
+    target = tmp_path / "states.safetensors"
+    vllm_connector._write_atomically({"x": torch.ones(3)}, str(target))
+    assert target.is_file() and [p.name for p in tmp_path.iterdir()] == ["states.safetensors"]
+    with pytest.raises(Exception):
+        vllm_connector._write_atomically({"x": "not a tensor"}, str(tmp_path / "bad.safetensors"))
+    assert [p.name for p in tmp_path.iterdir()] == ["states.safetensors"]  # no temporary left behind
+
+
+def test_final_norm_equals_transformers_rmsnorm():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    weight, eps = load_final_norm(str(DEMO_TARGET))
+    assert weight.shape == (256,) and weight.dtype == torch.float32 and eps == pytest.approx(1e-5)
+    ref = LlamaRMSNorm(256, eps=eps)
+    with torch.no_grad():
+        ref.weight.copy_(weight)
+    x = torch.randn(7, 256) * 5
+    torch.testing.assert_close(rms_norm(x, weight, eps), ref(x), atol=1e-6, rtol=1e-6)
+    naive = torch.stack([weight * r / torch.sqrt((r * r).mean() + eps) for r in x])
+    torch.testing.assert_close(rms_norm(x, weight, eps), naive, atol=1e-5, rtol=1e-5)
+
+
+def _states(n_capture=3, hidden=4):
+    settings = ExtractHTTPSettings(concurrency=1, request_timeout_s=1, max_attempts=1, backoff_s=0, max_backoff_s=0,
+                                   max_consecutive_failures=0, connect_wait_s=1, file_wait_s=1)
+    return VLLMStates(["http://127.0.0.1:9"], settings, n_capture, (torch.full((hidden,), 2.0), 1e-6))
+
+
+def test_a_servers_file_becomes_aux_and_normed_final_states():
+    source = _states()
+    states = torch.randn(5, 4, 4)  # [T, C + 1, H]
+    aux, final = source._convert([1, 2, 3, 4, 5], {"hidden_states": states, "token_ids": torch.arange(1, 6)}, "f")
+    torch.testing.assert_close(aux, states[:, :3].reshape(5, 12))  # capture layers side by side
+    torch.testing.assert_close(final, rms_norm(states[:, 3], torch.full((4,), 2.0), 1e-6))
+    source.close()
+
+
+@pytest.mark.parametrize("data, reason, text", [
+    ({"hidden_states": torch.zeros(3, 4, 4), "token_ids": torch.tensor([1, 2, 9])}, "hidden_states_mismatch",
+     "other token ids"),
+    ({"hidden_states": torch.zeros(3, 3, 4), "token_ids": torch.tensor([1, 2, 3])}, "bad_hidden_states",
+     "shape [3, 3, 4], expected [3, 4, 4]"),
+    ({"token_ids": torch.tensor([1, 2, 3])}, "bad_hidden_states", "lacks hidden_states/token_ids"),
+])
+def test_a_servers_file_that_does_not_match_the_prompt_is_a_reject(data, reason, text):
+    source = _states()
+    got = source._convert([1, 2, 3], data, "/x/f.safetensors")
+    assert got[0] == reason and text in got[1] and "/x/f.safetensors" in got[1]
+    source.close()
+
+
+def test_the_client_reads_and_removes_the_servers_file(tmp_path):
+    import asyncio
+
+    source = _states()
+    path = tmp_path / "r.safetensors"
+    save_file({"hidden_states": torch.ones(2, 4, 4), "token_ids": torch.tensor([5, 6])}, str(path))
+    data = asyncio.run(source._read(path))
+    assert not path.exists() and data["token_ids"].tolist() == [5, 6]
+    with pytest.raises(Exception, match="not written within 1 s"):
+        asyncio.run(source._read(tmp_path / "never.safetensors"))
+    source.close()
+
+
+def test_config_rules_of_the_hidden_state_sources():
+    errors = check_config(compose_config(["train.hidden_states=cached", "extract.backend=tgi"]))
+    assert any(e.startswith("train.hidden_states: 'cached'") and "store, online" in e for e in errors), errors
+    assert any(e.startswith("extract.backend: 'tgi'") and "hf, vllm" in e for e in errors), errors
+    errors = check_config(compose_config(["extract.backend=vllm", "server@extract.server=sglang"]))
+    assert any(e.startswith("extract.server.backend: 'sglang'") and "vllm" in e for e in errors), errors
+    errors = check_config(compose_config(["extract.backend=vllm", "extract.http.concurrency=0"]))
+    assert any(e.startswith("extract.http.concurrency: 0") for e in errors), errors
+    errors = check_config(compose_config(["stage=serve", "serve.hidden_states=true"]))
+    assert any(e.startswith("serve.hidden_states") and "extract.backend=vllm" in e for e in errors), errors
+    assert check_config(compose_config(["extract.backend=vllm", "train.hidden_states=online"])) == []
+
+
+def test_serve_dry_run_prints_the_extraction_server(cli, tmp_path):
+    done = cli("stage=serve", "serve.hidden_states=true", "serve.dry_run=true", *VLLM_GENERIC)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "handing out hidden states into" in done.stdout and "extract_hidden_states" in done.stdout
+    assert "dry run: nothing launched" in done.stdout
+    assert not (tmp_path / "artifacts" / "hidden_states" / ".incoming").exists()  # a dry run creates nothing
+

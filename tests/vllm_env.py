@@ -1,0 +1,41 @@
+"""The vLLM CPU server environment the real-vLLM tests launch servers from, and port checks.
+
+Its interpreter is `EAGLE3_VLLM_PYTHON` (default `<repo>/.vllm-venv/bin/python`, made by
+`scripts/setup_vllm_cpu.sh`). Without it the tests FAIL when `CI` is set (the CI job must provide
+it) and are skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from eagle3.paths import PROJECT_ROOT
+
+VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON", str(PROJECT_ROOT / ".vllm-venv" / "bin" / "python"))
+
+
+def vllm_python() -> str:
+    if Path(VLLM_PYTHON).is_file():
+        return VLLM_PYTHON
+    message = (f"no vLLM CPU environment at {VLLM_PYTHON} (EAGLE3_VLLM_PYTHON): create it with "
+               "scripts/setup_vllm_cpu.sh, or point EAGLE3_VLLM_PYTHON at its python")
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the real vLLM tests: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def assert_stopped(port: int) -> None:
+    """The stage's server is gone: nothing accepts connections on its port."""
+    with socket.socket() as s:
+        s.settimeout(2)
+        assert s.connect_ex(("127.0.0.1", port)) != 0, f"a server still listens on 127.0.0.1:{port}"
