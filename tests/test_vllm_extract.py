@@ -75,6 +75,9 @@ def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     hf, vllm = _extract_unit(root, "hf"), _extract_unit(root, "vllm")
     assert hf.counts == vllm.counts and vllm.counts["rejected"] == {} and vllm.counts["out"] == vllm.counts["in"]
     assert vllm.extra["store_dir"] != hf.extra["store_dir"]  # a store per source: never mixed
+    source = vllm.extra["states_source"]
+    assert source["backend"] == "vllm" and source["prompts"] == vllm.counts["out"] and source["failed"] == 0
+    assert source["tokens"] == vllm.counts["tokens"] and hf.extra["states_source"]["backend"] == "hf"
     incoming = Path(vllm.extra["store_dir"]).parent / ".incoming"
     assert incoming.is_dir() and not any(incoming.rglob("*.safetensors")), "server files left behind"
 

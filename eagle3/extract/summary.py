@@ -88,7 +88,10 @@ def unit_summary(job: UnitJob, out: StageOutput, stats: dict[str, Any]) -> dict[
         "reconstruction_error": errors,
         "other_shards": stats["other_shards"],
         "orphan_shards": stats["orphan_shards"],
+        # This run's tokens over its wall time from opening the source (loading the target, starting
+        # a server) to the last shard; `states_source` has the seconds spent waiting for states alone.
         "extract_tokens_per_s": round(stats["tokens_this_run"] / stats["seconds_this_run"], 1)
         if stats["seconds_this_run"] else None,
+        "states_source": stats.get("source"),
         "files": {"keys": KEYS_FILE},
     }
