@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.extract.capture import LayerCapture, capture_samples
 from eagle3.extract.target import DecoderParts
+from eagle3.serving.engines import IN_PROCESS, VLLM
 
 __all__ = ["HFStates", "StateSource", "exchange_dir", "online_states", "open_states", "vllm_layer_ids"]
 
@@ -60,7 +61,7 @@ class HFStates:
     Picklable before that call (a spawned DDP rank loads its own copy).
     """
 
-    name = "hf"
+    name = IN_PROCESS
 
     def __init__(self, load: Callable[[], DecoderParts], capture_layers: Sequence[int]) -> None:
         self._load = load
@@ -113,7 +114,6 @@ def load_hf_target(cfg: DictConfig) -> DecoderParts:
 def vllm_layer_ids(cfg: DictConfig) -> list[int]:
     """What vLLM is asked to capture: the capture layers in vLLM's numbering, then the final residual."""
     from eagle3.layer_ids import engine_aux_layer_ids
-    from eagle3.serving.engines import VLLM
 
     return [*engine_aux_layer_ids(cfg.model.capture_layers, VLLM), int(cfg.model.num_layers)]
 
@@ -164,7 +164,6 @@ def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
 def open_states(cfg: DictConfig, run_dir: Path) -> Iterator[StateSource]:
     """The source `extract.backend` names, open for the block (a launched server is stopped after)."""
     from eagle3.extract import BACKENDS
-    from eagle3.serving.engines import IN_PROCESS
 
     backend = str(cfg.extract.backend)
     if backend not in BACKENDS:
@@ -196,8 +195,6 @@ def online_states(cfg: DictConfig, run_dir: Path, urls_file: Optional[Path] = No
     URLs go to `urls_file` so that the ranks a launcher starts separately (torchrun, Lightning's
     ddp) use it too (`wait_for_urls`: such a rank waits for the file instead of launching).
     """
-    from eagle3.serving.engines import IN_PROCESS
-
     if str(cfg.extract.backend) == IN_PROCESS:
         yield functools.partial(HFStates, functools.partial(load_hf_target, cfg), list(cfg.model.capture_layers))
         return

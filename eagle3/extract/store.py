@@ -33,6 +33,7 @@ import torch
 
 from eagle3.artifacts import fingerprint
 from eagle3.extract import codec, formats
+from eagle3.serving.engines import IN_PROCESS
 
 log = logging.getLogger("eagle3")
 
@@ -64,13 +65,13 @@ class StoreSpec:
     storage_format: str
     hidden_size: int
     version: int = STORE_VERSION
-    source: str = "hf"
+    source: str = IN_PROCESS
 
     def identity(self) -> dict[str, Any]:
         ident = {"target": self.target, "capture_layers": list(self.capture_layers),
                  "storage_format": self.storage_format, "hidden_size": self.hidden_size,
                  "version": self.version}
-        if self.source != "hf":
+        if self.source != IN_PROCESS:
             ident["source"] = self.source
         return ident
 

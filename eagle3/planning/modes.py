@@ -23,6 +23,7 @@ from eagle3.draft.options import HIDDEN_STATE_MODES, ONLINE, STORE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.forwards import forward_passes
+from eagle3.serving.engines import IN_PROCESS
 
 __all__ = ["hidden_state_modes"]
 
@@ -62,7 +63,7 @@ class _Rates:
     def extract(self, backend: str, own: Optional[Path]) -> Optional[Figure]:
         """Extraction tokens/s of `backend` on this target and capture layers."""
         for m in _own_first(self.extracts, own):
-            same = (m.config.get("backend", "hf") == backend and m.config.get("target") == self.states["target"]
+            same = (m.config.get("backend", IN_PROCESS) == backend and m.config.get("target") == self.states["target"]
                     and list(m.config.get("capture_layers", [])) == self.states["capture_layers"])
             if same and m.extra.get("extract_tokens_per_s"):
                 own_unit = own is not None and Path(m.dir) == own
