@@ -55,6 +55,9 @@ def _leaves(node, prefix=""):
             yield path, OmegaConf.to_container(child) if isinstance(value, (DictConfig, ListConfig)) else value
 
 
+_MISSING = object()
+
+
 def _inherited(rel: Path, key: str):
     """The value a sibling option named in `rel`'s defaults list gives `key` (KeyError if none does).
 
@@ -71,9 +74,6 @@ def _inherited(rel: Path, key: str):
                 return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
             return _inherited(parent, key)
     raise KeyError(key)
-
-
-_MISSING = object()
 
 
 def _schema_default(rel: Path, key: str):

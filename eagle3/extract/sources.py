@@ -121,7 +121,8 @@ def vllm_layer_ids(cfg: DictConfig) -> list[int]:
 def exchange_dir(cfg: DictConfig) -> Path:
     """Where an extraction server writes its files (`extract.http.exchange_dir`, default under the store root)."""
     configured = cfg.extract.http.exchange_dir
-    return Path(str(configured) if configured else Path(str(cfg.extract.store_root)) / INCOMING_DIR).expanduser().resolve()
+    where = Path(str(configured)) if configured else Path(str(cfg.extract.store_root)) / INCOMING_DIR
+    return where.expanduser().resolve()
 
 
 def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
@@ -163,39 +164,31 @@ def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
 @contextlib.contextmanager
 def open_states(cfg: DictConfig, run_dir: Path) -> Iterator[StateSource]:
     """The source `extract.backend` names, open for the block (a launched server is stopped after)."""
-    from eagle3.extract import BACKENDS
-
-    backend = str(cfg.extract.backend)
-    if backend not in BACKENDS:
-        raise ValueError(f"extract.backend={backend!r}; valid: {', '.join(BACKENDS)}")
-    if backend == IN_PROCESS:
-        with HFStates(lambda: load_hf_target(cfg), cfg.model.capture_layers) as source:
-            yield source
-        return
-    from eagle3.draft.target_weights import load_final_norm
-    from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
-
-    m = cfg.model
-    norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
-    with vllm_servers(cfg, run_dir) as urls:
-        states = VLLMStates(urls, ExtractHTTPSettings.from_config(cfg.extract.http), len(m.capture_layers), norm)
+    with online_states(cfg, run_dir) as make_source:
+        source = make_source()
         try:
-            yield states
+            yield source
         finally:
-            states.close()
+            source.close()
 
 
 @contextlib.contextmanager
 def online_states(cfg: DictConfig, run_dir: Path, urls_file: Optional[Path] = None,
                   wait_for_urls: bool = False) -> Iterator[Callable[[], StateSource]]:
-    """A picklable maker of this config's state source, valid for the block (online training).
+    """A picklable maker of this config's state source, valid for the block (online training; extract
+    makes one source through `open_states`).
 
     Each process that trains calls it once and gets its own source: `hf` loads the target there;
     `vllm` connects to the servers -- `extract.server.urls`, or one launched for the block, whose
     URLs go to `urls_file` so that the ranks a launcher starts separately (torchrun, Lightning's
     ddp) use it too (`wait_for_urls`: such a rank waits for the file instead of launching).
     """
-    if str(cfg.extract.backend) == IN_PROCESS:
+    from eagle3.extract import BACKENDS
+
+    backend = str(cfg.extract.backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"extract.backend={backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == IN_PROCESS:
         yield functools.partial(HFStates, functools.partial(load_hf_target, cfg), list(cfg.model.capture_layers))
         return
     from eagle3.draft.target_weights import load_final_norm

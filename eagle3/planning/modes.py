@@ -60,33 +60,36 @@ class _Rates:
         self.extracts = _complete_manifests(root / "extract")
         self.trains = _complete_manifests(root / "train")
 
+    @staticmethod
+    def _first(manifests: list[Manifest], own: Optional[Path], key: str, applies, alike: str) -> Optional[Figure]:
+        """`extra[key]` of the unit's own manifest if it has one, else of the newest that `applies`."""
+        for m in _own_first(manifests, own):
+            if applies(m) and m.extra.get(key):
+                own_unit = own is not None and Path(m.dir) == own
+                return _rate(m.extra[key], "actual" if own_unit else "estimate",
+                             f"{key} of {m.dir}" + ("" if own_unit else f" ({alike})"))
+        return None
+
     def extract(self, backend: str, own: Optional[Path]) -> Optional[Figure]:
         """Extraction tokens/s of `backend` on this target and capture layers."""
-        for m in _own_first(self.extracts, own):
-            same = (m.config.get("backend", IN_PROCESS) == backend and m.config.get("target") == self.states["target"]
+        def applies(m: Manifest) -> bool:
+            return (m.config.get("backend", IN_PROCESS) == backend and m.config.get("target") == self.states["target"]
                     and list(m.config.get("capture_layers", [])) == self.states["capture_layers"])
-            if same and m.extra.get("extract_tokens_per_s"):
-                own_unit = own is not None and Path(m.dir) == own
-                return _rate(m.extra["extract_tokens_per_s"], "actual" if own_unit else "estimate",
-                             f"extract_tokens_per_s of {m.dir}" + ("" if own_unit else " (same target, layers, "
-                                                                   f"backend {backend})"))
-        return None
+
+        return self._first(self.extracts, own, "extract_tokens_per_s", applies,
+                           f"same target, layers, backend {backend}")
 
     def train(self, mode: str, own: Optional[Path]) -> Optional[Figure]:
         """Training tokens/s in `mode` for this draft and batch (online: also this state source)."""
         draft = OmegaConf.to_container(self.cfg.model.draft, resolve=True)
         batch = int(self.cfg.train.batch_tokens)
-        for m in _own_first(self.trains, own):
-            cfg = m.config
-            m_mode = m.extra.get("hidden_states", STORE)
-            same = (m_mode == mode and cfg.get("draft") == draft
-                    and cfg.get("train", {}).get("batch_tokens") == batch
-                    and (mode == STORE or cfg.get("states") == self.states))
-            if same and m.extra.get("train_tokens_per_s"):
-                own_unit = own is not None and Path(m.dir) == own
-                return _rate(m.extra["train_tokens_per_s"], "actual" if own_unit else "estimate",
-                             f"train_tokens_per_s of {m.dir}" + ("" if own_unit else " (same draft and batch)"))
-        return None
+
+        def applies(m: Manifest) -> bool:
+            return (m.extra.get("hidden_states", STORE) == mode and m.config.get("draft") == draft
+                    and m.config.get("train", {}).get("batch_tokens") == batch
+                    and (mode == STORE or m.config.get("states") == self.states))
+
+        return self._first(self.trains, own, "train_tokens_per_s", applies, "same draft and batch")
 
 
 def _seconds(tokens: Figure, rate: Optional[Figure], note: str) -> Figure:
@@ -127,18 +130,17 @@ def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
     args = (int(tr.max_epochs), int(tr.max_steps), int(tr.eval_every_n_epochs))
 
     rates = _Rates(cfg, Path(ctx.root), states_identity(cfg))
-    own_dirs = {}
-    for mode in HIDDEN_STATE_MODES:  # the train unit each mode would use (fingerprints differ)
-        mode_cfg = OmegaConf.merge(cfg, {"train": {"hidden_states": mode}})
-        own_dirs[mode] = (_unit_dir(TRAIN, mode_cfg, ctx), _unit_dir(EXTRACT, mode_cfg, ctx))
-    extract_rate = rates.extract(backend, own_dirs[STORE][1])
-    store_train_rate = rates.train(STORE, own_dirs[STORE][0])
-    online_train_rate = rates.train(ONLINE, own_dirs[ONLINE][0]) or _serial_rate(extract_rate, store_train_rate)
+    # The units each mode would use (train's fingerprints differ by mode; only store mode extracts).
+    mode_cfgs = {mode: OmegaConf.merge(cfg, {"train": {"hidden_states": mode}}) for mode in HIDDEN_STATE_MODES}
+    extract_rate = rates.extract(backend, _unit_dir(EXTRACT, mode_cfgs[STORE], ctx))
+    store_train_rate = rates.train(STORE, _unit_dir(TRAIN, mode_cfgs[STORE], ctx))
+    online_train_rate = (rates.train(ONLINE, _unit_dir(TRAIN, mode_cfgs[ONLINE], ctx))
+                         or _serial_rate(extract_rate, store_train_rate))
 
     configured_fmt = store["configured"]
-    modes = {}
+    modes, forward_tokens = {}, {}
     for mode in HIDDEN_STATE_MODES:
-        tokens = forward_passes(mode, mix["train_tokens"], mix["eval_tokens"], *args)
+        tokens = forward_tokens[mode] = forward_passes(mode, mix["train_tokens"], mix["eval_tokens"], *args)
         samples = forward_passes(mode, mix["train_samples"], mix["eval_samples"], *args)
         entry: dict[str, Any] = {"target_forward_samples": samples, "target_forward_tokens": tokens}
         if mode == STORE:
@@ -160,7 +162,7 @@ def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
                            {f: x.to_dict() for f, x in v.items()} if isinstance(v, dict) else v)
                        for k, v in entry.items() if v is not None}
     ratio = None
-    s_tok, o_tok = (forward_passes(m, mix["train_tokens"], mix["eval_tokens"], *args) for m in (STORE, ONLINE))
+    s_tok, o_tok = forward_tokens[STORE], forward_tokens[ONLINE]
     if s_tok.known and o_tok.known and s_tok.value:
         ratio = round(o_tok.value / s_tok.value, 2)
     return {"configured": str(tr.hidden_states), "backend": backend, "storage_format": configured_fmt,
