@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.errors import Eagle3Error
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
+from eagle3.threads import configure_job_threads
 from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
@@ -60,6 +61,8 @@ def run_job(cfg: DictConfig) -> int:
         write_job_record(run_dir, {**record, "status": "failed", "failure": "config: " + "; ".join(errors)})
         return EXIT_CONFIG_ERROR
 
+    hydra = HydraConfig.get()
+    configure_job_threads(cfg.cpu_threads, hydra.launcher, hydra.mode == RunMode.MULTIRUN)
     root = Path(cfg.paths.root).expanduser().resolve()
     ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
     started = time.perf_counter()

@@ -325,4 +325,9 @@ def test_launcher_config_rules():
         "server.vllm_cpu_kvcache_gb: 0 -- must be a positive number; valid: > 0"]
     assert errors_for(["stage=serve"]) == [
         "server.backend: 'hf' -- stage=serve launches an HTTP server; valid: sglang, vllm (e.g. server=sglang)"]
-    assert errors_for(["stage=serve", "server=sglang"]) == []
+    # The demo draft's layer variant is vLLM-only: SGLang would serve the plain layer.
+    assert errors_for(["stage=serve", "server=sglang"]) == [
+        "model.draft.norm_before_residual: true -- sglang cannot serve this draft layer variant (it would run "
+        "the plain layer), so the chain exports none for it; valid: false, or server.backend=vllm"]
+    assert errors_for(["stage=serve", "server=sglang", "model.draft.norm_before_residual=false"]) == []
+    assert errors_for(["stage=serve", "server=vllm"]) == []

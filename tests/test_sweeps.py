@@ -123,6 +123,13 @@ def test_parallel_joblib_jobs_never_write_one_artifact_twice(tmp_path):
     [sweep_dir] = list((root / "multirun").iterdir())
     jobs = _jobs(sweep_dir)
     assert [j["status"] for j in jobs] == ["complete", "complete"]
+    # Two jobs at once share the cores instead of each taking them all (eagle3.threads).
+    from eagle3.threads import machine_cores
+
+    share = f"threads: {max(1, machine_cores() // 2)} intra-op thread"
+    job_dirs = [p.parent for p in sweep_dir.glob("*/job.json")]
+    logs = ["".join(p.read_text() for p in d.glob("*.log")) for d in job_dirs]
+    assert len(logs) == 2 and all(share in text and "/ 2 jobs at once" in text for text in logs), logs
     assert len({_output(j, "generate").dir for j in jobs}) == 1
     assert len(list((root / "generate").iterdir())) == 1  # one unit directory, written by one job
     extracted = [_output(j, "extract").extra for j in jobs]

@@ -136,3 +136,49 @@ def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_ev
     assert report["num_prompts"] == len(eval_report["prompt_ids"]) and report["prompt_ids"] == eval_report["prompt_ids"]
     for name in ("bench_report.md", "bench.png"):
         assert (unit / name).is_file()
+
+
+# Layer variants beside the default layer (model.draft.*; eagle3.draft.options.LAYER_VARIANTS):
+# each set is trained on the chain's data, exported for vLLM only, and served by vLLM's CPU build.
+VARIANT_SETS = {
+    "fc_norm": ("model.draft.fc_norm=true",),
+    "speculators_layer": ("model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true",
+                          "model.draft.norm_output=true"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_SETS))
+def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root, variant):
+    """The variant's export loads in vLLM, and vLLM accepts what the in-process eval of the same
+    export accepts at K=3 (a flag vLLM ignored would serve another layer and accept less)."""
+    flags = VARIANT_SETS[variant]
+    work = chain_root.parent / "elsewhere"
+    before = {d for d in (chain_root / "train").iterdir() if d.is_dir()}
+    trained = run_cli(["stage=all", *CHAIN, *flags, f"paths.root={chain_root}"], cwd=work, timeout=900)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "no sglang export: it cannot serve model.draft." in trained.stdout + trained.stderr
+    [train_unit] = [d for d in (chain_root / "train").iterdir() if d.is_dir() and d not in before]
+    served = json.loads((train_unit / "draft" / "vllm" / "config.json").read_text())
+    assert all(served[f.split("=")[0].removeprefix("model.draft.")] is True for f in flags), served
+    assert sorted(p.name for p in (train_unit / "draft").iterdir()) == ["vllm"]
+    [eval_unit] = [d for d in (chain_root / "eval").iterdir()
+                   if d.is_dir() and Manifest.load(d).inputs["train"]["path"] == str(train_unit)]
+    in_process = json.loads((eval_unit / "eval_report.json").read_text())["real"][str(K)]
+    assert in_process["lossless"] is True
+
+    port = _free_port()
+    done = run_cli(["stage=bench", *CHAIN, *flags, f"paths.root={chain_root}", *_server_overrides(vllm_python, port),
+                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}",
+                    "bench.baseline=false"], cwd=work, timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    _assert_stopped(port)
+    [report] = [json.loads((d / "bench_report.json").read_text()) for d in (chain_root / "bench").iterdir()
+                if d.is_dir() and json.loads((d / "bench_report.json").read_text())["draft"] == str(
+                    train_unit / "draft" / "vllm")]
+    accept = report["accept"]
+    print(f"{variant}: vLLM accept length {accept['accept_length']:.3f}, in-process {in_process['accept_length']:.3f}")
+    assert accept["drafts"] > 0 and accept["accept_length"] > 1.05, accept
+    assert abs(accept["accept_length"] / in_process["accept_length"] - 1) <= EVAL_TOLERANCE, (accept, in_process)
+    # SGLang is refused before anything starts: it has no such layer.
+    refused = run_cli(["stage=bench", *CHAIN, *flags, "server=sglang", f"paths.root={chain_root}"], cwd=work)
+    assert refused.returncode == 2 and "sglang cannot serve this draft layer variant" in refused.stderr

@@ -48,6 +48,12 @@ class DraftGeometryConfig:
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     num_layers: int = 1
+    # Layer variants (eagle3.draft.options.LAYER_VARIANTS says what each does; vLLM serves all,
+    # SGLang none, so a variant draft is exported for vLLM only).
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
 
 @dataclass
@@ -260,9 +266,12 @@ class ExtractConfig:
 
 @dataclass
 class OptimizerConfig:
-    """Instantiated with hydra.utils.instantiate (swap the class via _target_)."""
+    """Instantiated with hydra.utils.instantiate (swap the class via _target_) on the draft's
+    named parameters. The default, eagle3.draft.optim.MuonAdamW (Muon on the weight matrices,
+    AdamW on norms and lm_head), beat AdamW by 4.5% in simulated accept length at K=3 on the demo
+    (2 seeds, BENCHMARKS.md "Draft quality against speculators"); torch.optim.AdamW is the other."""
 
-    _target_: str = "torch.optim.AdamW"
+    _target_: str = "eagle3.draft.optim.MuonAdamW"
     lr: float = 3e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
@@ -280,10 +289,14 @@ class TrainConfig:
     ttt_decay: float = 0.8
     # What to do with positions whose target argmax is outside the draft vocab.
     out_of_vocab: str = "mask"  # mask | keep
+    # Teacher distribution: draft_vocab (renormalised) | full_vocab (eagle3.draft.options.TEACHERS).
+    teacher: str = "draft_vocab"
     max_epochs: int = 1
     max_steps: int = -1
     batch_tokens: int = 8192
     warmup_ratio: float = 0.03
+    lr_schedule: str = "cosine"  # cosine | linear, after the warmup, down to min_lr_ratio x lr
+    min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
     precision: str = "auto"  # auto = bf16-mixed on GPU, 32-true on CPU
     accelerator: str = "auto"
@@ -328,6 +341,9 @@ class Eagle3Config:
     stage: str = "all"
     force: bool = False  # redo stages whose outputs are already complete
     seed: int = 0
+    # Intra-op threads of this job's torch ops (and OMP_NUM_THREADS for what it starts); null =
+    # the cores divided by the jobs the launcher runs at once (joblib's n_jobs; eagle3.threads).
+    cpu_threads: Optional[int] = None
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

@@ -24,7 +24,14 @@ from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
-from eagle3.draft.options import HIDDEN_STATE_MODES, OUT_OF_VOCAB_POLICIES, PRECISIONS, STRATEGIES
+from eagle3.draft.options import (
+    HIDDEN_STATE_MODES,
+    LR_SCHEDULES,
+    OUT_OF_VOCAB_POLICIES,
+    PRECISIONS,
+    STRATEGIES,
+    TEACHERS,
+)
 from eagle3.dtypes import DTYPES
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
@@ -73,6 +80,9 @@ def _check_model(model: DictConfig, err: ConfigErrors) -> None:
     if draft.vocab_size > model.vocab_size:
         err.add("model.draft.vocab_size", draft.vocab_size,
                 f"larger than the target vocab ({model.vocab_size})", f"<= {model.vocab_size}")
+    if draft.norm_before_fc and draft.fc_norm:
+        err.add("model.draft.fc_norm", True, "normalises each captured state before fc, and "
+                "model.draft.norm_before_fc normalises their concatenation: set one", "false")
     if draft.num_layers != 1:
         err.add("model.draft.num_layers", draft.num_layers,
                 "EAGLE-3 drafts served by SGLang/vLLM have one decoder layer", "1")
@@ -148,6 +158,10 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     if not 0 < tr.ttt_decay <= 1:
         err.add("train.ttt_decay", tr.ttt_decay, "weights decay^k must shrink or stay", "(0, 1]")
     err.choice("train.out_of_vocab", tr.out_of_vocab, OUT_OF_VOCAB_POLICIES)
+    err.choice("train.teacher", tr.teacher, TEACHERS)
+    err.choice("train.lr_schedule", tr.lr_schedule, LR_SCHEDULES)
+    if not 0 <= tr.min_lr_ratio <= 1:
+        err.add("train.min_lr_ratio", tr.min_lr_ratio, "the final LR as a fraction of train.optimizer.lr", "[0, 1]")
     err.choice("train.strategy", tr.strategy, STRATEGIES)
     err.choice("train.precision", tr.precision, PRECISIONS)
     err.positive("train.batch_tokens", tr.batch_tokens)
@@ -283,6 +297,7 @@ def validate_config(cfg: DictConfig, stages: Iterable[str],
     if missing:
         return err.lines  # the rules below read those keys
     _check_secrets(plain, "", err)
+    err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
     _check_model(cfg.model, err)
     _check_dataset(cfg.dataset, err)
     check_server(cfg.server, cfg.model, err)

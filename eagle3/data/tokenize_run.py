@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
 from eagle3.data.render import Reject, RenderSettings, tokenize_conversation
+from eagle3.threads import job_cores
 
 __all__ = ["TokenizerSpec", "load_tokenizer", "resolve_workers", "run_pool", "tokenize_chunk", "tokenize_unit"]
 
@@ -96,8 +97,8 @@ def run_pool(chunks: Iterable[list[dict]], spec: TokenizerSpec, settings: Render
 
 
 def resolve_workers(requested: int, pending: Optional[int], chunk_size: int) -> int:
-    """Worker count: ``0`` = one per core, never more than there are chunks to do."""
-    workers = requested or os.cpu_count() or 1
+    """Worker count: ``0`` = one per core this job may use, never more than there are chunks to do."""
+    workers = requested or job_cores()
     if pending is not None:
         workers = min(workers, max(1, math.ceil(pending / chunk_size)))
     return max(1, workers)

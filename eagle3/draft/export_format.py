@@ -26,7 +26,8 @@ What the engines read (sources read for this file):
   every version reads). `vllm/transformers_utils/configs/eagle.py`: every top-level key of the
   draft config is kept. `vllm/model_executor/models/llama_eagle3.py`: the Llama fields above,
   `target_hidden_size` (fc is `3 * target_hidden_size` wide), `eagle_config.use_aux_hidden_state`,
-  `norm_before_residual`, `attention_bias`/`mlp_bias`, `draft_vocab_size`; `midlayer.` is
+  the layer variants `norm_before_residual`, `norm_before_fc` (+ `input_norm.weight`), `fc_norm`
+  (+ `fc_norm.<i>.weight`) and `norm_output`, `attention_bias`/`mlp_bias`, `draft_vocab_size`; `midlayer.` is
   renamed to `layers.0.`, `d2t` becomes `draft_id_to_target_id`, `t2d` is skipped and
   `embed_tokens` is optional (the target's is shared when absent).
 
@@ -45,6 +46,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from eagle3.draft.geometry import DraftGeometry
+from eagle3.draft.options import VARIANT_ENGINES, variant_engines_refusing
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
@@ -97,7 +99,7 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
     h = g.hidden_size
     q = g.num_attention_heads * g.head_dim
     kv = g.num_key_value_heads * g.head_dim
-    return {
+    shapes = {
         EMBED_KEY: (g.vocab_size, h),
         "fc.weight": (h, g.fc_in_features),  # [H, C * H_target]
         "midlayer.input_layernorm.weight": (h,),
@@ -115,6 +117,11 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
         "d2t": (g.draft_vocab_size,),  # offsets: target id = i + d2t[i]
         "t2d": (g.vocab_size,),  # bool: target id in the draft vocab
     }
+    if g.norm_before_fc:
+        shapes["input_norm.weight"] = (g.fc_in_features,)  # one norm over the C * H_target input
+    if g.fc_norm:
+        shapes.update({f"fc_norm.{i}.weight": (_target_hidden(g),) for i in range(len(g.capture_layers))})
+    return shapes
 
 
 def required_keys(g: DraftGeometry, include_embedding: bool) -> list[str]:
@@ -163,7 +170,8 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
         "tie_word_embeddings": False,  # SGLang would make lm_head the embedding
         "attention_bias": False,
         "mlp_bias": False,
-        "norm_before_residual": False,  # vLLM: residual = hidden before hidden_norm (our model)
+        # The layer variants (vLLM reads these four; an SGLang export has them all false).
+        **g.variants(),
         "torch_dtype": dtype,
         "dtype": dtype,
         "eagle_config": eagle_config,
@@ -215,6 +223,13 @@ def check_geometry(g: DraftGeometry, engine: str, include_embedding: bool, where
         raise ExportError(f"{where}: {key}.capture_layers: found {capture} ({engine} ids {ids}), expected "
                           f"strictly increasing captures < target_num_layers={g.target_num_layers} "
                           f"with {engine} ids >= 0")
+    refused = variant_engines_refusing(g.variants(), [engine]).get(engine)
+    if refused:
+        raise ExportError(f"{where}: {key}.{refused[0]}: found true, expected false for {engine} (its "
+                          "llama_eagle3 has no such option and would serve the plain layer; export for "
+                          f"{', '.join(VARIANT_ENGINES[refused[0]])})")
+    if g.norm_before_fc and g.fc_norm:
+        raise ExportError(f"{where}: {key}.fc_norm: found true with norm_before_fc true, expected one of them")
     if g.hidden_act != "silu":
         raise ExportError(f"{where}: {key}.hidden_act: found {g.hidden_act!r}, expected 'silu' "
                           "(the draft MLP is SiLU-gated; the engine would apply the written activation)")

@@ -2,7 +2,7 @@
 
 `fit_draft` builds `DraftModule` (the draft with the K-step training-time test), the
 token-budget data module over the hidden-state store and the Trainer, and fits, resuming from
-`checkpoints/last.ckpt` when a killed run left one (weights, AdamW state, LR schedule, step and
+`checkpoints/last.ckpt` when a killed run left one (weights, optimizer state, LR schedule, step and
 the position inside the epoch are all in it). `export_engines` writes the trained draft for
 each serving engine. Stage `train` is the wiring around these.
 """
@@ -19,9 +19,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.draft.geometry import geometry_from_target
-from eagle3.draft.options import AUTO_PRECISION
+from eagle3.draft.options import AUTO_PRECISION, variant_engines_refusing
 from eagle3.serving.engines import ENGINES
 from eagle3.target_info import read_config, resolve_dir
+from eagle3.threads import ranks_share_cores
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
            "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision", "split_dataset", "training_sets"]
@@ -144,13 +145,19 @@ def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[
         resumed_at = int(torch.load(resume, map_location="cpu", weights_only=True)["global_step"])
         log.info("train: resuming from %s (step %d)", resume, resumed_at)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume.is_file() else None)
+    with ranks_share_cores(int(trainer.num_devices), trainer.strategy.root_device.type == "cpu"):
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume.is_file() else None)
     return FitResult(trainer, module, train_set, eval_set, time.perf_counter() - started, resumed_at)
 
 
 def export_engines(module: Any, export_root: Path, dtype: str, metadata: dict[str, Any]) -> dict[str, str]:
-    """The trained draft exported for every engine under `export_root/<engine>` (validated on write)."""
+    """The trained draft exported under `export_root/<engine>` (validated on write) for every engine
+    that serves its layer variant; the others are logged and left out."""
     from eagle3.draft.export import export_draft
 
+    geometry = module.draft.geometry
+    refused = variant_engines_refusing(geometry.variants(), ENGINES)
+    for engine, variants in refused.items():
+        log.info("train: no %s export: it cannot serve model.draft.%s", engine, ", ".join(variants))
     return {engine: str(export_draft(module.draft, export_root / engine, engine, dtype=dtype, extra_metadata=metadata))
-            for engine in ENGINES}
+            for engine in ENGINES if engine not in refused}

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
+from eagle3.draft.options import LAYER_VARIANTS
+
 
 @dataclass(frozen=True)
 class DraftGeometry:
@@ -23,6 +25,8 @@ class DraftGeometry:
         draft_vocab_size: Rows of the draft's lm_head.
         capture_layers: Target capture indices (residual entering layer i).
         target_num_layers: For engines that recompute defaults from it.
+        norm_before_residual / norm_before_fc / fc_norm / norm_output: the layer variant
+            (`eagle3.draft.options.LAYER_VARIANTS`: what each changes, which engines serve it).
     """
 
     hidden_size: int
@@ -40,7 +44,15 @@ class DraftGeometry:
     rope_scaling: Optional[dict] = None
     max_position_embeddings: int = 4096
     hidden_act: str = "silu"
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
     extra: dict = field(default_factory=dict)
+
+    def variants(self) -> dict[str, bool]:
+        """The layer-variant flags, `{name: bool}` in `LAYER_VARIANTS` order."""
+        return {name: bool(getattr(self, name)) for name in LAYER_VARIANTS}
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -96,4 +108,5 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
         rope_scaling=None,
         max_position_embeddings=int(o.get("max_position_embeddings") or target_cfg.get("max_position_embeddings", 4096)),
         hidden_act=str(target_cfg.get("hidden_act", "silu")),
+        **{name: bool(o.get(name, False)) for name in LAYER_VARIANTS},
     )

@@ -17,15 +17,19 @@ from hydra.utils import instantiate
 from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
 from eagle3.draft.ttt import teacher_targets, ttt_forward
 
 
-def cosine_with_warmup(step: int, total: int, warmup: int, floor: float = 0.1) -> float:
-    """LR multiplier: linear warmup to 1, then cosine down to `floor`."""
+def lr_multiplier(step: int, total: int, warmup: int, floor: float = 0.1, schedule: str = "cosine") -> float:
+    """LR multiplier: linear warmup to 1, then cosine or linear (`schedule`) down to `floor`."""
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule not in LR_SCHEDULES:
+        raise ValueError(f"train.lr_schedule={schedule!r}; valid: {', '.join(LR_SCHEDULES)}")
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return floor + (1 - floor) * shape
 
 
 class DraftModule(L.LightningModule):
@@ -54,7 +58,8 @@ class DraftModule(L.LightningModule):
 
     # ------------------------------------------------------------------ forward
     def run_batch(self, batch: dict[str, torch.Tensor]):
-        teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids())
+        teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
+                                  renormalise=self.cfg["teacher"] == TEACHER_DRAFT_VOCAB)
         return ttt_forward(self.draft, batch["aux"], batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
                            out_of_vocab=str(self.cfg["out_of_vocab"]),
@@ -113,9 +118,12 @@ class DraftModule(L.LightningModule):
 
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
-        params = [p for p in self.draft.parameters() if p.requires_grad]
-        optimizer = instantiate(dict(self.cfg["optimizer"]), params=params, _convert_="all")
+        params = [(name, p) for name, p in self.draft.named_parameters() if p.requires_grad]
+        # Partial, so the (name, tensor) pairs reach the optimizer as tuples (instantiate would turn them into lists).
+        optimizer = instantiate(dict(self.cfg["optimizer"]), _partial_=True, _convert_="all")(params)
         total = int(self.trainer.estimated_stepping_batches)
         warmup = int(round(float(self.cfg["warmup_ratio"]) * total))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_with_warmup(s, total, warmup))
+        floor, schedule = float(self.cfg["min_lr_ratio"]), str(self.cfg["lr_schedule"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_multiplier(s, total, warmup, floor, schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

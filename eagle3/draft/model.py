@@ -5,11 +5,17 @@ Parameter names are the serving engines' (FACTS.md "Draft checkpoint"): `fc`, `m
 follows the engines' forward exactly, because a draft trained on a different residual
 convention loads without error and then accepts nothing:
 
+    hidden = fc(aux)                                                    # step 0 only
     residual = hidden
     x = cat(input_layernorm(embed(token)), hidden_norm(hidden))        # [.., 2H]
     h = o_proj(attn(q/k/v_proj(x))) + residual
     out = mlp(post_attention_layernorm(h)) + h                         # next step's hidden
     logits = lm_head(norm(out))                                         # over the draft vocab
+
+The layer variants vLLM also serves (`DraftGeometry` flags, `eagle3.draft.options`) change
+three lines: `norm_before_fc` / `fc_norm` normalise aux (whole, or per captured layer) before
+fc; `norm_before_residual` makes the residual `hidden_norm(hidden)`; `norm_output` feeds
+`norm(out)` to the next step instead of `out` (`Eagle3Draft.carry`).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class DraftMLP(nn.Module):
 class DraftDecoderLayer(nn.Module):
     def __init__(self, g: DraftGeometry) -> None:
         super().__init__()
+        self.norm_before_residual = g.norm_before_residual
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.hidden_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.self_attn = DraftAttention(g)
@@ -81,8 +88,10 @@ class DraftDecoderLayer(nn.Module):
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attend: Attend) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        h = self.self_attn(x, cos, sin, attend) + hidden
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        h = self.self_attn(x, cos, sin, attend) + residual
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 
@@ -99,6 +108,10 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(g.vocab_size, g.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(g.fc_in_features, g.hidden_size, bias=False)
+        captures = max(len(g.capture_layers), 1)
+        self.input_norm = RMSNorm(g.fc_in_features, g.rms_norm_eps) if g.norm_before_fc else None
+        self.fc_norm = nn.ModuleList(RMSNorm(g.fc_in_features // captures, g.rms_norm_eps)
+                                     for _ in range(captures)) if g.fc_norm else None
         self.midlayer = DraftDecoderLayer(g)
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.lm_head = nn.Linear(g.hidden_size, g.draft_vocab_size, bias=False)
@@ -152,7 +165,17 @@ class Eagle3Draft(nn.Module):
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Fuse the captured target states `[..., C*H_t]` into the draft's hidden `[..., H]`."""
-        return self.fc(aux.to(self.fc.weight.dtype))
+        aux = aux.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            aux = self.input_norm(aux)
+        if self.fc_norm is not None:
+            chunks = aux.chunk(len(self.fc_norm), dim=-1)  # C x [..., H_t]
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(aux)
+
+    def carry(self, state: torch.Tensor) -> torch.Tensor:
+        """What the next draft step reads of this step's output `[..., H]` (`norm_output`: normed)."""
+        return self.norm(state) if self.geometry.norm_output else state
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if k != "embed_tokens.weight"}

@@ -1,4 +1,4 @@
-"""The choices of draft training a config makes (`train.*`), torch-free for config validation."""
+"""The choices of draft training a config makes (`train.*`, `model.draft.*`), torch-free for config validation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ from __future__ import annotations
 #: always count as misses in the metrics.
 OOV_MASK, OOV_KEEP = "mask", "keep"
 OUT_OF_VOCAB_POLICIES = (OOV_MASK, OOV_KEEP)
+#: `train.teacher`: the target's distribution renormalised over the draft vocab (KL between two
+#: draft-vocab distributions), or its full-vocab probabilities restricted to the draft vocab
+#: without renormalising (the KL over the full vocab with the draft's out-of-vocab mass at 0:
+#: positions whose mass lies mostly outside the draft vocab weigh less).
+TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB = "draft_vocab", "full_vocab"
+TEACHERS = (TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB)
+#: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
+LR_SCHEDULES = ("cosine", "linear")
 #: `train.hidden_states`: read from the store stage extract filled, or computed per batch while training.
 STORE, ONLINE = "store", "online"
 HIDDEN_STATE_MODES = (STORE, ONLINE)
@@ -15,3 +23,25 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
 #: `train.precision`: auto = bf16-mixed on a GPU, 32-true on CPU; else a Lightning precision.
 AUTO_PRECISION = "auto"
 PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
+
+#: `model.draft` layer variants (booleans; all false = the EAGLE-3 layer of the paper and SGLang):
+#: norm_before_residual: the residual is the hidden state after hidden_norm, not before;
+#: norm_before_fc: one RMSNorm over the concatenated captured states before fc;
+#: fc_norm: one RMSNorm per captured state before fc (excludes norm_before_fc);
+#: norm_output: the next step reads the final-normed state, not the pre-norm one.
+LAYER_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+#: The engines that serve each variant as trained. vLLM 0.32 (model_executor/models/llama_eagle3.py)
+#: reads all four config keys. SGLang's llama_eagle3.py reads none of them: it would load such a
+#: draft without an error (unknown tensors are skipped) and run the plain layer, so it is refused.
+VARIANT_ENGINES = {variant: ("vllm",) for variant in LAYER_VARIANTS}
+
+
+def variant_engines_refusing(variants: dict, engines) -> dict[str, list[str]]:
+    """`{engine: [variants it cannot serve]}` for the variants set true in `variants`."""
+    refused: dict[str, list[str]] = {}
+    for name in LAYER_VARIANTS:
+        if variants.get(name):
+            for engine in engines:
+                if engine not in VARIANT_ENGINES[name]:
+                    refused.setdefault(engine, []).append(name)
+    return refused

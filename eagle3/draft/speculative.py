@@ -179,7 +179,7 @@ class Eagle3Drafter:
         tokens.append(int(token))
         for j in range(1, k):
             pos = torch.tensor([t + j], device=state.device)
-            state = self.draft.step(state, token, pos, self.cache.attend)
+            state = self.draft.step(self.draft.carry(state), token, pos, self.cache.attend)
             token = draft_ids[self.draft.logits(state).argmax(-1)]
             tokens.append(int(token))
         self.cache.crop(self.length)  # drafted positions never stay in the cache

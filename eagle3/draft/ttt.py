@@ -45,11 +45,12 @@ class Teacher:
 
 @torch.no_grad()
 def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor,
-                    chunk_tokens: int = 4096) -> Teacher:
+                    chunk_tokens: int = 4096, renormalise: bool = True) -> Teacher:
     """Teacher signal from stored final states `[B, T, H]` and the target lm_head `[V, H]`.
 
     Full-vocab logits exist for `chunk_tokens` rows at a time only (at V = 163840 a full batch
-    would not fit).
+    would not fit). `renormalise=False` keeps the full-vocab probabilities of the draft-vocab
+    ids (rows sum to the in-vocab mass; `train.teacher=full_vocab`).
     """
     bsz, seq, hidden = final.shape
     vocab = head.shape[0]
@@ -60,7 +61,10 @@ def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Te
     for start in range(0, flat.shape[0], chunk_tokens):
         logits = flat[start:start + chunk_tokens].float() @ head.float().T  # [n, V]
         argmax.append(to_draft[logits.argmax(-1)])
-        probs.append(torch.softmax(logits[:, draft_ids], dim=-1))
+        if renormalise:
+            probs.append(torch.softmax(logits[:, draft_ids], dim=-1))
+        else:
+            probs.append(torch.softmax(logits, dim=-1)[:, draft_ids])
     return Teacher(probs=torch.cat(probs).view(bsz, seq, -1), argmax=torch.cat(argmax).view(bsz, seq))
 
 
@@ -145,7 +149,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         correct.append(((pred == target) & count).sum())
         counted.append(count.sum())
         loss_tokens.append(n_loss)
-        hidden = state
+        hidden = draft.carry(state)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
                      loss_tokens=torch.stack(loss_tokens))

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.draft.options import VARIANT_ENGINES, variant_engines_refusing
 from eagle3.serving.engines import (
     CPU_PROFILE,
     EAGLE,
@@ -34,7 +35,7 @@ from eagle3.serving.engines import (
 )
 from eagle3.serving.http import is_loopback_host
 
-__all__ = ["check_bench", "check_serve", "check_server", "draft_kind", "server_errors", "speculative_algorithm_error"]
+__all__ = ["check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind", "server_errors", "speculative_algorithm_error"]
 
 
 def draft_kind(draft_path: Optional[str]) -> Optional[str]:
@@ -171,6 +172,20 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
                     f"set {owner} instead")
 
 
+def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:
+    """The chain's own draft (no `server.speculative.draft_path`) must be one the engine serves: a
+    layer variant SGLang lacks gets no SGLang export (eagle3.draft.options.VARIANT_ENGINES)."""
+    server = cfg.server
+    if server.speculative.algorithm is None or server.speculative.draft_path is not None \
+            or server.backend not in ENGINES:
+        return
+    refused = variant_engines_refusing(dict(cfg.model.draft), [server.backend]).get(server.backend)
+    if refused:
+        err.add(f"model.draft.{refused[0]}", True, f"{server.backend} cannot serve this draft layer variant "
+                "(it would run the plain layer), so the chain exports none for it",
+                f"false, or server.backend={'/'.join(VARIANT_ENGINES[refused[0]])}")
+
+
 def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
     """stage=serve launches (or checks) an HTTP server: the in-process backend has none (with
     serve.hidden_states it serves extract.server, whose rules extract.backend=vllm runs)."""
@@ -179,6 +194,8 @@ def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
     if cfg.server.backend not in ENGINES and not cfg.serve.hidden_states:
         err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
                 f"{', '.join(ENGINES)} (e.g. server=sglang)")
+    if not cfg.serve.hidden_states:
+        check_chain_draft_engine(cfg, err)
 
 
 def check_bench(cfg: DictConfig, err: ConfigErrors) -> None:
@@ -190,6 +207,7 @@ def check_bench(cfg: DictConfig, err: ConfigErrors) -> None:
     if server.speculative.algorithm is None:
         err.add("server.speculative.algorithm", None, "stage=bench compares the target with and without "
                 "the draft; the baseline turns speculation off by itself", EAGLE3)
+    check_chain_draft_engine(cfg, err)
     err.positive("bench.num_prompts", bench.num_prompts)
     err.positive("bench.max_new_tokens", bench.max_new_tokens)
     err.positive("bench.concurrency", bench.concurrency)

@@ -1,0 +1,110 @@
+"""Muon for the draft's weight matrices, AdamW for the rest, as one optimizer.
+
+One `torch.optim.Optimizer` (not a pair) so Lightning's automatic optimisation, the LR
+scheduler, gradient clipping and `last.ckpt` resume treat it like AdamW. Muon orthogonalises
+the momentum of each 2-D matrix (Newton-Schulz); vectors (norms) and the vocabulary matrices
+(`lm_head`, `embed_tokens`: rows are tokens, not features) stay on AdamW, the usual Muon split.
+Instantiated through `train.optimizer._target_` with named parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+#: Parameter names that stay on AdamW although they are matrices (rows are vocabulary entries).
+ADAMW_NAME_HINTS = ("lm_head", "embed_tokens")
+#: Quintic Newton-Schulz coefficients (the values torch.optim.Muon uses).
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(update: torch.Tensor, steps: int, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately U V^T of `update = U S V^T` (`[rows, cols]`), by Newton-Schulz iteration."""
+    a, b, c = NS_COEFFICIENTS
+    x = update.float()
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T  # iterate on the wide side: [min, max]
+    for _ in range(steps):
+        gram = x @ x.T  # [min, min]
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(update.dtype)
+
+
+def is_muon_param(name: str, param: torch.Tensor) -> bool:
+    return param.ndim == 2 and min(param.shape) > 1 and not any(h in name for h in ADAMW_NAME_HINTS)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon on weight matrices, AdamW on vectors and vocabulary matrices.
+
+    Args:
+        params: `(name, tensor)` pairs (names decide the split; see `is_muon_param`).
+        lr: AdamW learning rate; `muon_lr` (default: `lr`) is Muon's before its shape scaling.
+        betas / eps / weight_decay: AdamW's. muon_momentum / muon_weight_decay / ns_steps: Muon's.
+        Muon's update is scaled by `0.2 * sqrt(max(rows, cols))`, which gives it AdamW's
+        update RMS, so one learning rate suits both groups.
+    """
+
+    def __init__(self, params: Iterable[tuple[str, torch.Tensor]], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+                 muon_lr: float | None = None, muon_momentum: float = 0.95, muon_weight_decay: float = 0.1,
+                 ns_steps: int = 5) -> None:
+        muon, adamw = [], []
+        for item in params:
+            if not isinstance(item, (tuple, list)) or len(item) != 2:
+                raise TypeError("MuonAdamW takes (name, parameter) pairs, e.g. module.named_parameters()")
+            name, param = item
+            (muon if is_muon_param(name, param) else adamw).append(param)
+        groups = [{"params": muon, "muon": True, "lr": lr if muon_lr is None else muon_lr,
+                   "momentum": muon_momentum, "weight_decay": muon_weight_decay},
+                  {"params": adamw, "muon": False, "lr": lr, "weight_decay": weight_decay}]
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                    "momentum": muon_momentum, "ns_steps": ns_steps, "muon": False}
+        super().__init__([g for g in groups if g["params"]], defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if group["muon"]:
+                    self._muon_update(p, group)
+                else:
+                    self._adamw_update(p, group)
+        return loss
+
+    def _muon_update(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
+        buf.lerp_(p.grad, 1 - group["momentum"])
+        update = orthogonalize(p.grad.lerp(buf, group["momentum"]), group["ns_steps"])  # Nesterov
+        lr = group["lr"] * 0.2 * math.sqrt(max(p.shape))
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update, alpha=-lr)
+
+    def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        beta1, beta2 = group["betas"]
+        state["step"] += 1
+        step = float(state["step"])
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        state["exp_avg"].lerp_(p.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        denom = (state["exp_avg_sq"] / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** step))
+
+
+__all__ = ["ADAMW_NAME_HINTS", "MuonAdamW", "is_muon_param", "orthogonalize"]

@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""One row per candidate change to draft training, each over several seeds, on the same chain.
+
+    python scripts/draft_ablation.py --root /tmp/ablation --seeds 0 1 [--rows baseline muon ...] [-- OVERRIDES]
+
+Every row is `stage=train` of the same chain (data, extraction and vocab are reused: only the
+draft is trained again) with the row's overrides on top of BASE (the recipe before the ablation)
+and OVERRIDES, once per seed. The figures
+are the train stage's pooled eval over the eval split: per-step top-1 agreement with the target
+and the simulated accept length it implies at K = 3 and 5 (`1 + sum_k prod_{j<=k} acc_j`), the
+mean over seeds with the spread (max - min), and the ratio to the baseline row.
+Writes ROOT/ablation.json and ROOT/ablation.md; rerunning reuses finished train units.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_PY = REPO / "scripts" / "run.py"
+MUON = "train.optimizer._target_=eagle3.draft.optim.MuonAdamW"
+#: The recipe the rows change: the defaults before the ablation (AdamW, the plain layer, 1,024
+#: tokens per step); the winners (norm_before_residual + Muon + 512 tokens) are today's demo defaults.
+BASE = ["train.optimizer._target_=torch.optim.AdamW", "model.draft.norm_before_residual=false",
+        "train.batch_tokens=1024"]
+SPECULATORS_LAYER = ["model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true",
+                     "model.draft.norm_output=true"]
+#: name -> (what it tests, overrides)
+ROWS = {
+    "baseline": ("AdamW, plain layer, 1,024 tokens per step", []),
+    "norm_before_residual": ("residual after hidden_norm", ["model.draft.norm_before_residual=true"]),
+    "norm_before_fc": ("one norm over the captured states before fc", ["model.draft.norm_before_fc=true"]),
+    "fc_norm": ("one norm per captured state before fc", ["model.draft.fc_norm=true"]),
+    "norm_output": ("next step reads the normed state", ["model.draft.norm_output=true"]),
+    "speculators_layer": ("norm_before_residual + norm_before_fc + norm_output", SPECULATORS_LAYER),
+    "muon": ("Muon on matrices, AdamW on the rest", [MUON]),
+    "decay_1.0": ("TTT steps weighted equally", ["train.ttt_decay=1.0"]),
+    "decay_0.6": ("TTT steps weighted 0.6^k", ["train.ttt_decay=0.6"]),
+    "ttt_3": ("3 TTT steps", ["train.ttt_steps=3"]),
+    "linear_to_0": ("linear schedule to 0 (speculators')", ["train.lr_schedule=linear", "train.min_lr_ratio=0.0"]),
+    "warmup_0.01": ("1% warmup", ["train.warmup_ratio=0.01"]),
+    "lr_1e-3": ("half the LR", ["train.optimizer.lr=1e-3"]),
+    "lr_4e-3": ("twice the LR", ["train.optimizer.lr=4e-3"]),
+    "batch_512": ("half the tokens per step: twice the steps", ["train.batch_tokens=512"]),
+    "batch_2048": ("twice the tokens per step: half the steps", ["train.batch_tokens=2048"]),
+    "oov_keep": ("out-of-vocab argmax positions kept in the loss", ["train.out_of_vocab=keep"]),
+    "teacher_full_vocab": ("teacher not renormalised over the draft vocab", ["train.teacher=full_vocab"]),
+    # Combinations of the single-change winners.
+    "nbr_muon": ("norm_before_residual + muon", ["model.draft.norm_before_residual=true", MUON]),
+    "nbr_nbfc_muon": ("norm_before_residual + norm_before_fc + muon",
+                      ["model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true", MUON]),
+    "spec_layer_muon": ("speculators_layer + muon", [*SPECULATORS_LAYER, MUON]),
+    "nbr_muon_b512": ("norm_before_residual + muon, 512 tokens per step",
+                      ["model.draft.norm_before_residual=true", MUON, "train.batch_tokens=512"]),
+}
+
+
+def accept_length(acc: list[float], k: int) -> float:
+    total, running = 1.0, 1.0
+    for a in acc[:k]:
+        running *= a
+        total += running
+    return total
+
+
+def train_row(root: Path, name: str, overrides: list[str], seed: int) -> dict:
+    run_dir = root / "runs" / f"{name}_s{seed}"
+    job_file = run_dir / "job.json"
+    if not job_file.is_file() or json.loads(job_file.read_text()).get("status") != "complete":
+        (root / "logs").mkdir(parents=True, exist_ok=True)
+        with open(root / "logs" / f"{name}_s{seed}.log", "w") as fh:
+            done = subprocess.run([sys.executable, str(RUN_PY), "stage=train", f"seed={seed}",
+                                   f"paths.root={root / 'chain'}", f"hydra.run.dir={run_dir}", *overrides],
+                                  stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+        if done.returncode != 0:
+            sys.exit(f"{name} seed {seed}: exit {done.returncode}; see {root / 'logs' / f'{name}_s{seed}.log'}")
+    job = json.loads(job_file.read_text())
+    [unit] = [Path(o["dir"]) for o in job["outputs"] if o["stage"] == "train"]
+    extra = json.loads((unit / "manifest.json").read_text())["extra"]
+    acc = extra["eval"]["acc"]
+    return {"seed": seed, "unit": str(unit), "acc": acc, "sim_k3": accept_length(acc, 3),
+            "sim_k5": accept_length(acc, 5), "sim": extra["eval"]["sim_accept_len"],
+            "train_tokens_per_s": extra["train_tokens_per_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW")
+    parser.add_argument("overrides", nargs="*", help="overrides of every row (after --)")
+    args = parser.parse_args()
+    root = args.root.resolve()
+    rows = ["baseline", *[r for r in args.rows if r != "baseline"]]
+    results = {}
+    for name in rows:
+        results[name] = [train_row(root, name, [*BASE, *args.overrides, *ROWS[name][1]], s) for s in args.seeds]
+        (root / "ablation.json").write_text(json.dumps(results, indent=1))
+        print(name, [round(r["sim_k3"], 3) for r in results[name]], flush=True)
+    base = statistics.mean(r["sim_k3"] for r in results["baseline"])
+    lines = ["| row | what | acc@1 | acc@2 | acc@3 | acc@5 | sim τ K=3 (spread) | sim τ K=5 | vs baseline K=3 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in rows:
+        rs = results[name]
+        acc = [statistics.mean(r["acc"][i] for r in rs) if all(len(r["acc"]) > i for r in rs) else float("nan")
+               for i in range(5)]
+        k3 = [r["sim_k3"] for r in rs]
+        k5 = statistics.mean(r["sim_k5"] for r in rs)
+        lines.append(f"| {name} | {ROWS[name][0]} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {acc[4]:.3f} | "
+                     f"{statistics.mean(k3):.3f} ({max(k3) - min(k3):.3f}) | {k5:.3f} | "
+                     f"{statistics.mean(k3) / base:.3f}x |")
+    (root / "ablation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
