@@ -118,6 +118,17 @@ def test_sglang_export_of_a_variant_is_refused_in_one_line(tmp_path):
         validate_export(out)
 
 
+def test_an_export_written_before_the_variant_keys_still_reads_as_the_plain_layer(tmp_path):
+    import json
+
+    out = export_draft(make_draft(geometry()), tmp_path / "vllm", "vllm")
+    cfg = json.loads((out / "config.json").read_text())
+    for key in ("norm_before_fc", "fc_norm", "norm_output"):
+        del cfg[key]  # what exports of earlier versions lack (vLLM reads them as false)
+    (out / "config.json").write_text(json.dumps(cfg))
+    assert validate_export(out).geometry.variants() == {k: False for k in LAYER_VARIANTS}
+
+
 def test_train_exports_a_variant_for_the_engines_that_serve_it(tmp_path):
     class Module:
         draft = make_draft(geometry(norm_before_residual=True))

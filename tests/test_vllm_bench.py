@@ -149,8 +149,9 @@ VARIANT_SETS = {
 
 @pytest.mark.parametrize("variant", sorted(VARIANT_SETS))
 def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root, variant):
-    """The variant's export loads in vLLM, and vLLM accepts what the in-process eval of the same
-    export accepts at K=3 (a flag vLLM ignored would serve another layer and accept less)."""
+    """The variant's export loads in vLLM, decodes losslessly (the same greedy output as the target
+    alone), and vLLM accepts what the in-process eval of the same export accepts at K=3 (a flag
+    vLLM ignored would serve another layer and accept less)."""
     flags = VARIANT_SETS[variant]
     work = chain_root.parent / "elsewhere"
     before = {d for d in (chain_root / "train").iterdir() if d.is_dir()}
@@ -168,8 +169,8 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root
 
     port = _free_port()
     done = run_cli(["stage=bench", *CHAIN, *flags, f"paths.root={chain_root}", *_server_overrides(vllm_python, port),
-                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}",
-                    "bench.baseline=false"], cwd=work, timeout=900)
+                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
+                   cwd=work, timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     _assert_stopped(port)
     [report] = [json.loads((d / "bench_report.json").read_text()) for d in (chain_root / "bench").iterdir()
@@ -179,6 +180,9 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root
     print(f"{variant}: vLLM accept length {accept['accept_length']:.3f}, in-process {in_process['accept_length']:.3f}")
     assert accept["drafts"] > 0 and accept["accept_length"] > 1.05, accept
     assert abs(accept["accept_length"] / in_process["accept_length"] - 1) <= EVAL_TOLERANCE, (accept, in_process)
+    # Lossless: vLLM's greedy output with the draft is the target's own, prompt for prompt.
+    match = report["outputs_match"]
+    assert match["of"] == report["num_prompts"] and match["identical"] == match["of"], match
     # SGLang is refused before anything starts: it has no such layer.
     refused = run_cli(["stage=bench", *CHAIN, *flags, "server=sglang", f"paths.root={chain_root}"], cwd=work)
     assert refused.returncode == 2 and "sglang cannot serve this draft layer variant" in refused.stderr

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from eagle3.draft.geometry import DraftGeometry
-from eagle3.draft.options import VARIANT_ENGINES, variant_engines_refusing
+from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
@@ -320,7 +320,8 @@ def check_config(cfg: Mapping[str, Any], info: ExportInfo, where: str) -> None:
     want.pop(METADATA_KEY)
     found = _flatten({k: v for k, v in cfg.items() if k != METADATA_KEY})
     for key, value in _flatten(want).items():
-        got = found.get(key, _MISSING)
+        # A variant key an export does not write means false to vLLM (exports before them had none).
+        got = found.get(key, False if key in LAYER_VARIANTS else _MISSING)
         if got != value:
             shown = "missing" if got is _MISSING else json.dumps(got)
             hint = ""

@@ -35,7 +35,8 @@ from eagle3.serving.engines import (
 )
 from eagle3.serving.http import is_loopback_host
 
-__all__ = ["check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind", "server_errors", "speculative_algorithm_error"]
+__all__ = ["check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind", "server_errors",
+           "speculative_algorithm_error"]
 
 
 def draft_kind(draft_path: Optional[str]) -> Optional[str]:
