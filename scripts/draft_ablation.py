@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from eagle3.draft.acceptance import simulated_accept_length  # noqa: E402
+
 RUN_PY = REPO / "scripts" / "run.py"
 MUON = "train.optimizer._target_=eagle3.draft.optim.MuonAdamW"
 #: The recipe the rows change: the defaults before the ablation (AdamW, the plain layer, 1,024
@@ -61,14 +65,6 @@ ROWS = {
 }
 
 
-def accept_length(acc: list[float], k: int) -> float:
-    total, running = 1.0, 1.0
-    for a in acc[:k]:
-        running *= a
-        total += running
-    return total
-
-
 def train_row(root: Path, name: str, overrides: list[str], seed: int) -> dict:
     run_dir = root / "runs" / f"{name}_s{seed}"
     job_file = run_dir / "job.json"
@@ -84,8 +80,8 @@ def train_row(root: Path, name: str, overrides: list[str], seed: int) -> dict:
     [unit] = [Path(o["dir"]) for o in job["outputs"] if o["stage"] == "train"]
     extra = json.loads((unit / "manifest.json").read_text())["extra"]
     acc = extra["eval"]["acc"]
-    return {"seed": seed, "unit": str(unit), "acc": acc, "sim_k3": accept_length(acc, 3),
-            "sim_k5": accept_length(acc, 5), "sim": extra["eval"]["sim_accept_len"],
+    return {"seed": seed, "unit": str(unit), "acc": acc, "sim_k3": simulated_accept_length(acc[:3]),
+            "sim_k5": simulated_accept_length(acc[:5]), "sim": extra["eval"]["sim_accept_len"],
             "train_tokens_per_s": extra["train_tokens_per_s"]}
 
 

