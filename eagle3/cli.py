@@ -18,6 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.artifacts.locks import set_lock_timeout
+from eagle3.config.secrets import redact_overrides
 from eagle3.errors import Eagle3Error
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
@@ -44,7 +46,8 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
     sweep_dir = None
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hc.sweep.dir).expanduser().resolve())
-    return {"job_num": hc.job.get("num"), "sweep_dir": sweep_dir, "overrides": list(hc.overrides.task),
+    # A secret override keeps its key and loses its value (the entrypoint refuses them; a library caller may not).
+    return {"job_num": hc.job.get("num"), "sweep_dir": sweep_dir, "overrides": redact_overrides(hc.overrides.task),
             "experiment": hc.runtime.choices.get("experiment"),
             "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
 
@@ -63,6 +66,7 @@ def run_job(cfg: DictConfig) -> int:
 
     hydra = HydraConfig.get()
     configure_job_threads(cfg.cpu_threads, hydra.launcher, hydra.mode == RunMode.MULTIRUN)
+    set_lock_timeout(cfg.lock_timeout_s)  # no lock wait of this job is unbounded (eagle3.artifacts.locks)
     root = Path(cfg.paths.root).expanduser().resolve()
     ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
     started = time.perf_counter()

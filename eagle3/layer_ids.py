@@ -15,12 +15,22 @@ from eagle3.serving.engines import ENGINES, SGLANG, VLLM
 
 # What each engine adds to an id of the draft config before capturing.
 _ENGINE_OFFSET = {SGLANG: 1, VLLM: 0}
+#: How many captured layers each engine's fc reads (None: any number). SGLang's
+#: `models/llama_eagle3.py` builds fc as `Linear(3 * target_hidden_size, H)` whatever the config
+#: says; vLLM 0.32's `model_executor/models/llama_eagle3.py` sizes it from the draft config's
+#: `num_aux_hidden_states` (else the number of `eagle_config` ids, else 3), which its export writes.
+ENGINE_NUM_CAPTURES = {SGLANG: 3, VLLM: None}
 
 
 def _offset(engine: str) -> int:
     if engine not in _ENGINE_OFFSET:
         raise ValueError(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     return _ENGINE_OFFSET[engine]
+
+
+def lowest_capture(engine: str) -> int:
+    """The lowest capture index `engine` can be given: its id for it must not be negative."""
+    return _offset(engine)
 
 
 def engine_aux_layer_ids(capture_layers: Sequence[int], engine: str) -> list[int]:

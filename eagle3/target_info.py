@@ -5,14 +5,11 @@ One module for the questions every stage asks of `model.path` (a hub id or a loc
 * `resolve_dir`: where its files are (a local directory, or the hub snapshot of its json files);
 * `read_config`: its language model's `config.json` as one dict (multimodal wrappers such as
   Kimi-K2.5 nest it under `text_config`; the nested keys win over the wrapper's);
-* how fingerprints name it, by what each output depends on: `weights_identity` (hidden states:
-  content hash of a small checkpoint, names + sizes + json contents of a huge one),
-  `files_signature` (regenerated answers: file names and sizes), `tokenizer_identity`
-  (tokenized data: the tokenizer files' content), `weights_file_digest` (the demo target's
-  answers in demo_native: its one weights file) and `location` (a benchmark: where the served
-  model is). They differ because the outputs they key were fingerprinted that way, and changing
-  any of them moves every existing output directory; one cheap identity that still changes
-  with the weights, used everywhere, is the next step (a deliberate fingerprint change).
+* `target_identity`: how every fingerprint names the target's weights (generated answers,
+  hidden states, demo data, benchmarks): cheap at 600 GB, new whenever the weights change, blind
+  to where the checkpoint lies;
+* `tokenizer_identity`: what tokenized data depends on -- the tokenizer files alone, so
+  retraining a model with the same tokenizer does not invalidate tokenized data.
 
 Torch-free and cheap to import (`eagle3.config.validate` reads configs through it).
 """
@@ -22,17 +19,22 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["FULL_HASH_LIMIT", "files_signature", "location", "read_config", "resolve_dir", "tokenizer_identity",
-           "weights_file_digest", "weights_identity"]
+__all__ = ["FULL_HASH_LIMIT", "read_config", "resolve_dir", "target_identity", "tokenizer_identity"]
 
 CONFIG_FILE = "config.json"
 DEFAULT_TEXT_CONFIG_KEY = "text_config"
 # Local checkpoints up to this size are identified by a content hash of every file; larger
 # ones (Kimi: ~600 GB) by file names and sizes plus the hash of their small json files.
 FULL_HASH_LIMIT = 1 << 30
+# Above FULL_HASH_LIMIT: files up to this size are still hashed whole (configs, tokenizer, index).
+SMALL_FILE_BYTES = 64 << 20
+SAMPLE_WINDOW = 4096  # bytes read from the middle of each tensor of a large checkpoint
+FILE_SAMPLES = 64  # windows per large weights file that is not safetensors
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Names of the files that define a tokenizer besides `tokeniz*` (weights and model config are left
 # out on purpose: retraining a model with the same tokenizer must not invalidate tokenized data).
 _TOKENIZER_FILES = {"special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
@@ -74,48 +76,131 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
-def files_signature(path: str | Path) -> Optional[str]:
-    """Hash of the file names and sizes of a local checkpoint directory (None for a hub id).
+def _hash_whole(digest: Any, path: Path) -> None:
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
 
-    Names and sizes, not contents: it is computed on every config lookup of a generate output,
-    where hashing many GB of weights would cost minutes.
+
+def _hash_safetensors_sample(digest: Any, path: Path) -> bool:
+    """Header plus a window from the middle of every tensor; False when the file is not safetensors.
+
+    The header names every tensor with its dtype, shape and byte range, so a re-shaped or
+    re-typed checkpoint changes it; training changes (nearly) every element of every tensor it
+    touches, so one window per tensor notices a retrained or partly fine-tuned checkpoint of the
+    same shape while reading a few hundred MB of a 600 GB one.
     """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return False
+        header_len = int.from_bytes(head, "little")
+        if header_len <= 0 or 8 + header_len > size:
+            return False
+        header_bytes = fh.read(header_len)
+        try:
+            header = json.loads(header_bytes)
+        except ValueError:
+            return False
+        if not isinstance(header, dict):
+            return False
+        digest.update(header_bytes)
+        base = 8 + header_len
+        for name in sorted(k for k in header if k != "__metadata__"):
+            offsets = header[name].get("data_offsets") if isinstance(header[name], dict) else None
+            if not (isinstance(offsets, list) and len(offsets) == 2):
+                continue
+            begin, end = int(offsets[0]), int(offsets[1])
+            width = min(SAMPLE_WINDOW, end - begin)
+            fh.seek(base + begin + (end - begin - width) // 2)
+            digest.update(fh.read(width))
+    return True
+
+
+def _hash_sampled(digest: Any, path: Path) -> None:
+    """Evenly spaced windows of a large file that is not safetensors (.bin, .pt, .gguf)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        for i in range(FILE_SAMPLES):
+            fh.seek(max(0, (size - SAMPLE_WINDOW) * i // max(FILE_SAMPLES - 1, 1)))
+            digest.update(fh.read(SAMPLE_WINDOW))
+
+
+def _hub_commit(directory: Path) -> Optional[str]:
+    """The commit of a hub snapshot directory (`.../models--org--name/snapshots/<sha>`), else None."""
+    resolved = directory.resolve()
+    if resolved.parent.name == "snapshots" and _COMMIT.match(resolved.name):
+        return resolved.name
+    return None
+
+
+@functools.lru_cache(maxsize=32)
+def _local_identity(path: str, stamp: tuple) -> dict[str, Any]:
     directory = Path(path)
-    if not directory.is_dir():
-        return None
-    entries = sorted(f"{p.name}:{p.stat().st_size}" for p in _files(directory))
-    return hashlib.sha256("\n".join(entries).encode("utf-8")).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=16)
-def _local_weights_identity(path: str, stamp: tuple) -> dict[str, Any]:
-    files = _files(Path(path))
+    files = _files(directory)
     total = sum(p.stat().st_size for p in files)
+    commit = _hub_commit(directory)
     digest = hashlib.sha256()
     for p in files:
         digest.update(f"{p.name}\0{p.stat().st_size}\0".encode())
-        if total <= FULL_HASH_LIMIT or p.suffix == ".json":
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-    return {"files": len(files), "bytes": total, "hash": digest.hexdigest()[:16],
-            "hashed": "content" if total <= FULL_HASH_LIMIT else "names+sizes+json"}
-
-
-def weights_identity(path: str, revision: Optional[str], dtype: str) -> dict[str, Any]:
-    """What the target's hidden states are a function of, without loading it.
-
-    A local directory is identified by its files (content hash when small, names + sizes +
-    json contents when huge), so moving it keeps the identity and retraining changes it; a hub
-    id by id and revision (pin `model.revision`: "main" moves).
-    """
-    local = Path(path).expanduser()
-    ident: dict[str, Any] = {"dtype": dtype}
-    if local.is_dir():
-        stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(local.iterdir()))
-        ident["weights"] = _local_weights_identity(str(local.resolve()), stamp)
+        if commit is not None:
+            continue  # a snapshot's files are named by the commit already
+        if total <= FULL_HASH_LIMIT or p.stat().st_size <= SMALL_FILE_BYTES:
+            _hash_whole(digest, p)
+        elif not (p.suffix == ".safetensors" and _hash_safetensors_sample(digest, p)):
+            _hash_sampled(digest, p)
+    if commit is not None:
+        how = "hub commit + names+sizes"
     else:
-        ident.update({"hub_id": path, "revision": revision or "main"})
+        how = "content" if total <= FULL_HASH_LIMIT else "small files + safetensors headers + a window per tensor"
+    ident: dict[str, Any] = {"files": len(files), "bytes": total, "hash": digest.hexdigest()[:16], "hashed": how}
+    if commit is not None:
+        ident["commit"] = commit
+    return ident
+
+
+def _cached_hub_commit(hub_id: str, revision: Optional[str], cache_dir: Optional[str]) -> Optional[str]:
+    """The commit a hub id's revision points to in the local hub cache (no network), else None."""
+    if revision is not None and _COMMIT.match(revision):
+        return revision
+    try:
+        from huggingface_hub.constants import HF_HUB_CACHE
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        return None
+    repo_dir = Path(cache_dir or HF_HUB_CACHE).expanduser() / ("models--" + hub_id.replace("/", "--"))
+    ref = repo_dir / "refs" / (revision or "main")
+    try:
+        commit = ref.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return commit if _COMMIT.match(commit) else None
+
+
+def target_identity(path: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> dict[str, Any]:
+    """The one identity of a target checkpoint in every fingerprint: cheap at 600 GB, new when the weights are.
+
+    * A local directory: file names and sizes, plus content -- every byte of a checkpoint up
+      to FULL_HASH_LIMIT; of a larger one, every small file (configs, tokenizer, index), each
+      safetensors header and one SAMPLE_WINDOW from the middle of every tensor (other weight
+      formats: FILE_SAMPLES windows per file). A hub snapshot directory is named by its commit.
+      Where the directory is does not count: moving it, or naming it by another path, keeps
+      the identity. Cached per process by file names, sizes and mtimes.
+    * A hub id: the id and the commit its revision points to in the local hub cache, read
+      without network (pin `model.revision` to a commit to be independent of the cache); when
+      the cache does not know it, the revision as configured ("main" moves: pin it).
+
+    Returns:
+        Plain data for a fingerprint.
+    """
+    local = Path(str(path)).expanduser()
+    if local.is_dir():
+        stamp = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in _files(local))
+        return {"weights": _local_identity(str(local.resolve()), stamp)}
+    commit = _cached_hub_commit(str(path), revision, cache_dir)
+    ident: dict[str, Any] = {"hub_id": str(path), "revision": revision or "main"}
+    if commit is not None:
+        ident["commit"] = commit
     return ident
 
 
@@ -139,17 +224,3 @@ def tokenizer_identity(path: str, revision: Optional[str]) -> dict[str, Any]:
     if directory.is_dir():
         return {"local_files_sha256": _tokenizer_files_sha256(directory)}
     return {"hub_id": str(path), "revision": revision}
-
-
-def weights_file_digest(path: str | Path, weights_file: str = "model.safetensors") -> str:
-    """Content hash (16 hex digits) of a checkpoint directory's single weights file."""
-    digest = hashlib.sha256()
-    with open(Path(path) / weights_file, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def location(path: str, revision: Optional[str]) -> dict[str, Any]:
-    """Where the target is, as configured (`model.path`, `model.revision`): what a server is asked to load."""
-    return {"path": str(path), "revision": revision}

@@ -12,30 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.config.validate import SECRET_KEY_RE
+# The W&B run's config is redacted by the one rule of what a secret is (`eagle3.config.secrets`).
+from eagle3.config.secrets import REDACTED, redact  # noqa: F401  (re-exported)
 
 log = logging.getLogger("eagle3")
 _loggers: dict[str, list[Any]] = {}
-REDACTED = "<redacted>"
-_TOKEN_RE = re.compile(r"\b(hf_[A-Za-z0-9]{20,}|[0-9a-f]{40})\b")
-
-
-def redact(obj: Any) -> Any:
-    """A copy of plain config data with secret-looking keys and values replaced."""
-    if isinstance(obj, dict):
-        return {k: (REDACTED if SECRET_KEY_RE.search(str(k).lower()) and obj[k] else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    if isinstance(obj, str) and _TOKEN_RE.search(obj):
-        return _TOKEN_RE.sub(REDACTED, obj)
-    return obj
 
 
 def _sweep_group() -> Optional[str]:

@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 
 import eagle3.config  # noqa: F401  (registers the schema and resolvers before composition)
 from eagle3.cli import run_job
+from eagle3.config.callbacks import refuse_secrets
+from eagle3.config.secrets import find_secrets_in_overrides
 
 
 class JobFailed(RuntimeError):
@@ -29,5 +31,16 @@ def main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def refuse_secret_overrides(argv: list[str]) -> None:
+    """Exit 2 when a command-line override holds a secret, before Hydra (its logs, .hydra/, job dirs) sees it.
+
+    The `RefuseSecrets` callback of conf/config.yaml checks the composed config too; this also holds
+    when that callback is switched off.
+    """
+    overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    refuse_secrets(find_secrets_in_overrides(overrides))
+
+
 if __name__ == "__main__":
+    refuse_secret_overrides(sys.argv[1:])
     main()

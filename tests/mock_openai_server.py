@@ -9,7 +9,10 @@ of the request body, so two runs that send the same requests get the same answer
 Faults are injected on a seeded schedule, a pure function of (request, attempt number): the
 connection dropped without an answer, HTTP 500/503/429, or a stall longer than the client's
 timeout; a few requests fail on every attempt. `reset()` forgets the attempt counts, so a rerun
-against the same server sees the same schedule as a fresh one.
+against the same server sees the same schedule as a fresh one. An outage (`outage`: HTTP 503 for
+chosen arrivals, whatever the request) and broken answers (`reply_hook`: an unknown finish reason,
+bytes that are not UTF-8) are scripted by the test; `conversations` counts requests per
+conversation, so a test can tell which conversations a rerun asked for.
 
 Runs in a background thread of the calling process (`MockChatServer(...).start()`), or as its
 own process for benchmarks: `python -m tests.mock_openai_server --trivial --port 8000` (from the
@@ -29,9 +32,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence
 
-__all__ = ["FaultPlan", "MockChatServer", "TOO_LONG_MARKER"]
+__all__ = ["FaultPlan", "MockChatServer", "TOO_LONG_MARKER", "conversation_key"]
 
 #: A message containing this makes the server refuse the request as vLLM does a too-long prompt.
 TOO_LONG_MARKER = "@@TOO_LONG@@"
@@ -82,6 +85,21 @@ def request_key(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(keep, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def conversation_key(messages: Sequence[dict[str, Any]]) -> str:
+    """Which conversation a request belongs to: its messages up to the first user turn.
+
+    Every turn of a regenerated conversation starts with them, and a prompt record's own messages
+    give the same key, so a test maps requests back to conversation ids.
+    """
+    head = []
+    for message in messages:
+        if message.get("role") in ("system", "user"):
+            head.append([message.get("role"), message.get("content")])
+        if message.get("role") == "user":
+            break
+    return hashlib.sha256(json.dumps(head, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+
+
 def _chars(body: dict[str, Any]) -> int:
     return sum(len(str(m.get("content") or "")) for m in body.get("messages") or [])
 
@@ -91,7 +109,12 @@ class MockChatServer:
 
     Attributes:
         url: `http://127.0.0.1:PORT` once started.
-        stats: Counter of `requests`, `ok`, fault kinds, `finish_<reason>`, `too_long`.
+        stats: Counter of `requests`, `ok`, fault kinds, `finish_<reason>`, `too_long`, `outage`.
+        conversations: Chat requests per `conversation_key`, attempts included.
+        outage: Given a chat request's arrival number (1-based since start or `reset`), whether
+            the server is down for it (HTTP 503); None = never. Settable while serving.
+        reply_hook: Given a request body and the completion about to be sent, the completion to
+            send instead (a dict, or raw bytes); None = send it as is. Settable while serving.
         max_inflight: Highest number of requests in flight at once, per size class
             (`short` / `long`, split at `long_chars` message characters) and `all`.
         bodies: Request bodies received (when `record_bodies`).
@@ -100,7 +123,8 @@ class MockChatServer:
     def __init__(self, *, model: str = "mock-target", latency_s: float = 0.0, faults: FaultPlan = FaultPlan(),
                  reasoning_field: str = "reasoning_content", tool_every: int = 0, length_every: int = 0,
                  long_chars: int = 10**9, record_bodies: bool = False, trivial: bool = False,
-                 port: int = 0) -> None:
+                 port: int = 0, outage: Optional[Callable[[int], bool]] = None,
+                 reply_hook: Optional[Callable[[dict[str, Any], dict[str, Any]], Any]] = None) -> None:
         """
         Args:
             model: Name listed by /v1/models.
@@ -113,12 +137,16 @@ class MockChatServer:
             record_bodies: Keep every request body in `bodies`.
             trivial: Answer every chat request with one fixed completion (client benchmark).
             port: TCP port (0 = any free one).
+            outage: See the attribute.
+            reply_hook: See the attribute.
         """
         self.model, self.latency_s, self.faults = model, latency_s, faults
         self.reasoning_field, self.tool_every, self.length_every = reasoning_field, tool_every, length_every
         self.long_chars, self.record_bodies, self.trivial, self.port = long_chars, record_bodies, trivial, port
+        self.outage, self.reply_hook = outage, reply_hook
         self.url: Optional[str] = None
         self.stats: Counter[str] = Counter()
+        self.conversations: Counter[str] = Counter()
         self.max_inflight: Counter[str] = Counter()
         self.bodies: list[dict[str, Any]] = []
         self._attempts: Counter[str] = Counter()
@@ -134,6 +162,7 @@ class MockChatServer:
         with self._lock:
             self._attempts.clear()
             self.stats.clear()
+            self.conversations.clear()
             self.max_inflight.clear()
             self.bodies.clear()
 
@@ -217,10 +246,15 @@ class MockChatServer:
         size = "long" if _chars(body) > self.long_chars else "short"
         with self._lock:
             self.stats["requests"] += 1
+            arrival = self.stats["requests"]
+            self.conversations[conversation_key(body.get("messages") or [])] += 1
             self._attempts[key] += 1
             attempt = self._attempts[key]
             if self.record_bodies:
                 self.bodies.append(body)
+        if self.outage is not None and self.outage(arrival):
+            self.stats["outage"] += 1
+            return web.json_response({"object": "error", "message": "server down", "code": 503}, status=503)
         fault = self.faults.fault(key, attempt)
         self._enter(size)
         try:
@@ -247,7 +281,11 @@ class MockChatServer:
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             completion = self.complete(body, key)
+            if self.reply_hook is not None:
+                completion = self.reply_hook(body, completion)
             self.stats["ok"] += 1
+            if isinstance(completion, bytes):
+                return web.Response(body=completion, content_type="application/json")
             self.stats[f"finish_{completion['choices'][0]['finish_reason']}"] += 1
             return web.json_response(completion)
         finally:

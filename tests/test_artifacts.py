@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -424,9 +425,40 @@ def test_in_process_resume_and_stale_temp_cleanup(tmp_path: Path) -> None:
 def test_complete_output_with_missing_file_is_not_trusted(tmp_path: Path) -> None:
     done = _run_unit(tmp_path, {})
     (done.dir / "data.jsonl").unlink()
-    with pytest.raises(ValueError, match="data.jsonl is missing.*force=True"):
+    with pytest.raises(ValueError, match="data.jsonl is missing.*force=true"):
         StageOutput.open(tmp_path, "prep", "demo", {})
     assert _run_unit(tmp_path, {}, force=True).manifest.counts["out"] == 7
+
+
+def test_complete_output_with_a_flipped_byte_is_refused_not_reused(tmp_path: Path) -> None:
+    from eagle3.errors import Eagle3Error
+
+    done = _run_unit(tmp_path, {})
+    path = done.dir / "data.jsonl"
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0x01  # same size, one bit: the size check alone trusts it
+    path.write_bytes(bytes(data))
+    expected = done.manifest.files["data.jsonl"]["sha256"]
+    with pytest.raises(Eagle3Error) as info:
+        StageOutput.open(tmp_path, "prep", "demo", {})
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, ValueError)
+    assert f"data.jsonl sha256 is {hashlib.sha256(data).hexdigest()}, manifest says {expected}" in message
+    assert str(done.dir) in message and "force=true" in message
+    redone = _run_unit(tmp_path, {}, force=True)
+    assert redone.manifest.files["data.jsonl"]["sha256"] == expected
+    # Verified once per process: an unchanged file is not hashed again on the next reuse.
+    import eagle3.artifacts.verify as verify_mod
+
+    hashed = []
+    real = verify_mod.file_sha256
+    verify_mod.file_sha256 = lambda p, *a: hashed.append(p) or real(p, *a)
+    try:
+        assert StageOutput.open(tmp_path, "prep", "demo", {}).complete
+        assert StageOutput.open(tmp_path, "prep", "demo", {}).complete
+    finally:
+        verify_mod.file_sha256 = real
+    assert len(hashed) == len(redone.manifest.files)
 
 
 def test_force_refuses_to_delete_through_a_symlink(tmp_path: Path) -> None:
@@ -557,3 +589,69 @@ def test_kill_9_then_rerun_equals_uninterrupted_run(tmp_path: Path) -> None:
     assert _sorted_records(unit_dir / "data.jsonl") == _sorted_records(clean_dir / "data.jsonl")
     assert _sorted_records(unit_dir / "rejects.jsonl") == _sorted_records(clean_dir / "rejects.jsonl")
     assert _names(unit_dir) == ["data.jsonl", "manifest.json", "rejects.jsonl"]
+
+
+# ------------------------------------------------------------------------------------------
+# Lock waits are bounded, and name the job they wait for.
+
+HOLD_LOCK = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    from eagle3.artifacts.locks import exclusive_lock
+    held = exclusive_lock(Path(sys.argv[1]))
+    print("held", flush=True)
+    time.sleep(600)
+''')
+
+
+def _hold_lock(path: Path, tmp_path: Path) -> subprocess.Popen:
+    script = tmp_path / "hold_lock.py"
+    script.write_text(HOLD_LOCK)
+    proc = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO_ROOT)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_lock_held_too_long_fails_naming_its_holder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    from eagle3.artifacts.locks import LockTimeout, exclusive_lock
+    from eagle3.errors import Eagle3Error
+
+    path = tmp_path / ".locks" / "prep" / "demo-abc.lock"
+    holder = _hold_lock(path, tmp_path)
+    try:
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="eagle3"):
+            with pytest.raises(LockTimeout) as info:
+                exclusive_lock(path, waiting="demo-abc is in use by another run", timeout_s=0.6)
+        assert time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(info.value)
+    assert isinstance(info.value, Eagle3Error) and "\n" not in message
+    assert message.startswith(f"{path}: held by pid {holder.pid} on {socket.gethostname()} since ")
+    assert re.search(r"; waited \d\.\d s; raise lock_timeout_s \(now 0\.6 s\) to wait longer, or stop that job$",
+                     message), message
+    [waiting] = [m for m in caplog.messages if m.startswith("demo-abc is in use")]
+    assert f"(held by pid {holder.pid} on {socket.gethostname()} since " in waiting
+    # The holder is gone (the kernel released its lock): the next acquisition is immediate.
+    exclusive_lock(path, timeout_s=0.6).release()
+
+
+@pytest.mark.slow
+def test_a_job_waiting_on_a_hung_job_exits_3_after_lock_timeout_s(cli, tmp_path: Path) -> None:
+    args = ("stage=demo_data", "dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=8")
+    assert cli(*args).returncode == 0
+    [unit] = list((tmp_path / "artifacts" / "demo_data").iterdir())
+    holder = _hold_lock(tmp_path / "artifacts" / ".locks" / "demo_data" / f"{unit.name}.lock", tmp_path)
+    try:
+        waiter = cli(*args, "lock_timeout_s=1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert waiter.returncode == 3, waiter.stderr[-2000:]
+    [line] = [x for x in waiter.stderr.splitlines() if x.startswith("eagle3: ")]
+    assert f"held by pid {holder.pid} on " in line and "raise lock_timeout_s (now 1 s)" in line

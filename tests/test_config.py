@@ -313,6 +313,17 @@ def test_secrets_in_config_are_refused_without_echoing_them():
     assert not any("abc123" in e or "hf_xyz" in e for e in errors)
 
 
+def test_credentials_in_server_urls_and_flags_are_refused_without_echoing_them():
+    # A config composed outside the entrypoint (a notebook) meets the same rule at validation.
+    errors = errors_for(["server.urls=[http://u:pw1234@127.0.0.1:1]", "server.extra_args=[--api-key,k3y]",
+                         "extract.server.extra_args=['--token=t0k']", "+server.env.GITHUB_TOKEN=g"])
+    keys = sorted(e.split(":")[0] for e in errors)
+    assert keys == ["extract.server.extra_args[0]", "server.env.GITHUB_TOKEN", "server.extra_args[1]",
+                    "server.urls[0]"], errors
+    assert not any(s in e for e in errors for s in ("pw1234", "k3y", "t0k"))
+    assert "VLLM_API_KEY" in next(e for e in errors if e.startswith("server.extra_args[1]"))
+
+
 def test_all_errors_are_reported_together():
     errors = errors_for(["stage=nope", "model.capture_layers=[2,4,99]", "model.draft.vocab_size=99999",
                          "train.ttt_decay=1.5", "extract.shard=3", "extract.storage_format=fp4"])

@@ -14,7 +14,6 @@ from safetensors.torch import load_file, save_file
 
 import eagle3.draft.export as export_mod
 from eagle3.artifacts.atomic import is_temp_name, temp_path_for
-from eagle3.serving.rules import draft_kind
 from eagle3.draft.export import (
     ARCHITECTURE,
     CONFIG_NAME,
@@ -28,6 +27,7 @@ from eagle3.draft.export import (
 )
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
+from eagle3.serving.rules import draft_kind
 
 IDS = "eagle_aux_hidden_state_layer_ids"
 HIDDEN, VOCAB, DRAFT_VOCAB = 32, 50, 20
@@ -341,18 +341,46 @@ def test_vllm_ids_at_the_wrong_place_fail(tmp_path):
 
 
 @pytest.mark.parametrize("g,include_embedding,pattern", [
-    (geometry(capture=(2, 4)), False, r"capture_layers: found 2 layers \[2, 4\], expected 3"),
-    (geometry(capture=(0, 4, 5)), False, r"capture_layers: found \[0, 4, 5\] \(sglang ids \[-1, 3, 4\]\)"),
-    (geometry(capture=(2, 4, 8)), False, r"captures < target_num_layers=8"),
+    (geometry(capture=(2, 4)), False, r"capture_layers: found 2 layers \[2, 4\], expected 3 layers for sglang"),
+    (geometry(capture=(0, 4, 5)), False, r"capture_layers: found \[0, 4, 5\] \(sglang ids \[-1, 3, 4\]\), "
+                                         r"expected layers >= 1 for sglang"),
+    (geometry(capture=(2, 4, 8)), False, r"capture_layers: found \[2, 4, 8\], expected ids in \[0, 7\].*"
+                                         r"layer 8 is out of range for a 8-layer model"),
     (geometry(hidden_act="gelu"), False, r"hidden_act: found 'gelu', expected 'silu'"),
     (geometry(rope_scaling={"rope_type": "yarn", "factor": 4.0}), False, r"rope_scaling: found"),
     (geometry(target_hidden=48), False,
-     r"embed_tokens\.weight: not included, expected it because hidden_size=32 != target hidden 48"),
+     r"geometry\.hidden_size: found 32, expected 48 \(the target's hidden size.*include_embedding=True"),
 ])
 def test_unservable_geometry_is_refused(tmp_path, g, include_embedding, pattern):
     with pytest.raises(ExportError, match=pattern):
         export_draft(make_draft(g), tmp_path / "draft", "sglang", include_embedding=include_embedding)
     assert not (tmp_path / "draft").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("capture", [(2, 4), (0, 4, 5), (1, 2, 3, 4, 5)])
+def test_a_capture_sglang_lacks_exports_for_vllm_with_the_aux_count_it_reads(tmp_path, capture):
+    """vLLM 0.32 sizes fc from `num_aux_hidden_states` (its default 3 would not fit 2 captures)
+    and captures layer 0; SGLang builds fc for exactly 3 and reads capture - 1."""
+    draft = make_draft(geometry(capture=capture))
+    with pytest.raises(ExportError, match=r"^[^\n]*eagle3\.geometry\.capture_layers: found .*for sglang[^\n]*$"):
+        export_draft(draft, tmp_path / "sglang", "sglang")
+    out = export_draft(draft, tmp_path / "vllm", "vllm")
+    cfg = read_config(out)
+    assert cfg["num_aux_hidden_states"] == len(capture) and cfg[IDS] == list(capture)
+    assert capture_layers_of(out, "vllm") == list(capture)
+    # A hand edit of the count (vLLM would build another fc) no longer validates.
+    cfg["num_aux_hidden_states"] = len(capture) + 1
+    write_config(out, cfg)
+    with pytest.raises(ExportError, match=f"num_aux_hidden_states: found {len(capture) + 1}, expected {len(capture)}"):
+        validate_export(out)
+
+
+def test_a_vllm_export_written_before_the_aux_count_still_reads_as_three(tmp_path):
+    out = export_draft(make_draft(geometry()), tmp_path / "vllm", "vllm")
+    cfg = read_config(out)
+    del cfg["num_aux_hidden_states"]  # what exports of earlier versions lack (vLLM then reads 3)
+    write_config(out, cfg)
+    assert validate_export(out).geometry.capture_layers == (2, 4, 5)
 
 
 def test_bad_state_dict_is_refused_before_writing(tmp_path):

@@ -15,7 +15,7 @@ import eagle3
 from eagle3.extract.capture import LayerCapture, capture_samples, pad_batch, plan_batches
 from eagle3.extract.target import find_decoder, load_target
 from eagle3.target_info import FULL_HASH_LIMIT
-from eagle3.target_info import weights_identity as target_identity
+from eagle3.target_info import target_identity
 
 DEMO_TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
 
@@ -147,13 +147,12 @@ def test_load_target_dtype_remote_code_flag_and_identity(tmp_path, monkeypatch):
     load_target(str(tmp_path / "t"), dtype="float32", trust_remote_code=True, revision="abc")
     assert seen["trust_remote_code"] is True and seen["revision"] == "abc" and "device_map" not in seen
 
-    ident = target_identity(str(tmp_path / "t"), None, "float32")
-    assert ident["weights"]["hashed"] == "content" and ident["dtype"] == "float32"
-    assert target_identity(str(tmp_path / "t"), None, "bfloat16") != ident
+    ident = target_identity(str(tmp_path / "t"))
+    assert ident["weights"]["hashed"] == "content"
     (tmp_path / "t" / "model.safetensors").write_bytes(b"retrained" * 10)
-    assert target_identity(str(tmp_path / "t"), None, "float32")["weights"] != ident["weights"]
-    assert target_identity("moonshotai/Kimi-K2.5", None, "bfloat16") == {
-        "dtype": "bfloat16", "hub_id": "moonshotai/Kimi-K2.5", "revision": "main"}
+    assert target_identity(str(tmp_path / "t"))["weights"] != ident["weights"]
+    assert target_identity("moonshotai/Kimi-K2.5", None, str(tmp_path / "no-cache")) == {
+        "hub_id": "moonshotai/Kimi-K2.5", "revision": "main"}
     assert FULL_HASH_LIMIT == 1 << 30
 
 

@@ -187,3 +187,40 @@ def test_dataset_reads_aligned_samples_and_fails_loudly_on_mismatch(tmp_path):
     write_split(tmp_path / "one.jsonl", records[:1])
     with pytest.raises(AlignmentError, match="sample 'r0'.*do not match the merged record"):
         HiddenStateDataset(bad_dir, tmp_path / "one.jsonl")[0]
+
+
+def test_shard_sha256_is_indexed_and_a_flipped_byte_is_refused_on_first_open(tmp_path, monkeypatch):
+    import eagle3.extract.store as store_mod
+    from eagle3.artifacts import file_sha256
+    from eagle3.errors import Eagle3Error
+
+    rows = [sample(6 + i, seed=i) for i in range(3)]
+    with StoreWriter(tmp_path, SPEC, "s0-of-1") as writer:
+        first = writer.write_shard({SPEC.key(ids): (enc, len(ids)) for ids, _, _, enc in rows[:2]})
+        second = writer.write_shard({SPEC.key(rows[2][0]): (rows[2][3], len(rows[2][0]))})
+    lines = [json.loads(x) for x in (tmp_path / "index" / "s0-of-1.jsonl").read_text().splitlines()]
+    assert [line["sha256"] for line in lines] == [file_sha256(tmp_path / first), file_sha256(tmp_path / second)]
+
+    # A shard is hashed the first time this process opens it, not on every (re)open.
+    hashed = []
+    real = store_mod.file_sha256
+    monkeypatch.setattr(store_mod, "file_sha256", lambda p, *a: hashed.append(Path(p).name) or real(p, *a))
+    store = HiddenStateStore(tmp_path, max_open=1)
+    for _ in range(2):
+        for ids, _, _, _ in rows:
+            assert store.input_ids(SPEC.key(ids)).tolist() == ids
+    assert sorted(hashed) == sorted([Path(first).name, Path(second).name])
+
+    path = tmp_path / first
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # the last tensor byte: same size, the header still parses
+    path.write_bytes(bytes(data))
+    fresh = HiddenStateStore(tmp_path)
+    assert len(fresh) == 3  # the index (sizes) still trusts it ...
+    with pytest.raises(Eagle3Error) as info:  # ... the first read does not
+        fresh.load(SPEC.key(rows[0][0]))
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    assert f"sha256 is {file_sha256(path)}, its index line says {lines[0]['sha256']}" in message
+    assert "delete it" in message and "force=true" in message
+    assert fresh.load(SPEC.key(rows[2][0]))[2].tolist() == rows[2][0]  # other shards still read

@@ -19,13 +19,21 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
-from eagle3.chat_formats.kimi import GENERATION_PROMPT, IM_END, TOOL_CALL_ARG, TOOL_CALL_BEGIN, \
-    TOOL_CALL_END, TOOL_CALLS_BEGIN, TOOL_CALLS_END
-from eagle3.generation.factory import make_backend
-from eagle3.generation.types import BackendUnavailable, GenerationResult
-from eagle3.generation.hf_backend import to_message
+from eagle3.chat_formats.kimi import (
+    GENERATION_PROMPT,
+    IM_END,
+    TOOL_CALL_ARG,
+    TOOL_CALL_BEGIN,
+    TOOL_CALL_END,
+    TOOL_CALLS_BEGIN,
+    TOOL_CALLS_END,
+)
+from eagle3.errors import Eagle3Error
 from eagle3.generation import pipeline
+from eagle3.generation.factory import make_backend
+from eagle3.generation.hf_backend import to_message
 from eagle3.generation.regenerate import GenerateSettings, batch_seed, regenerate_batch, split_turns
+from eagle3.generation.types import BackendUnavailable, GenerationResult
 from eagle3.stages import CHAIN, StageContext
 from eagle3.stages import generate as generate_stage
 from eagle3.stages.demo_data import DEMO_DATA
@@ -42,8 +50,9 @@ class ScriptedBackend:
 
     name = "scripted"
 
-    def __init__(self, script: dict[str, list[str]]):
-        self.script, self.calls = script, []
+    def __init__(self, script: dict[str, list[str]], failing: frozenset = frozenset(), independent: bool = False):
+        self.script, self.calls, self.failing = script, [], failing
+        self.independent_requests = independent  # results depend on the request and seed alone?
 
     def describe(self):
         return {"backend": self.name}
@@ -53,6 +62,10 @@ class ScriptedBackend:
         results = []
         for req in requests:
             conv, turn = req.id.rsplit(":", 1)
+            if req.id in self.failing:  # the server was down for this request, all retries long
+                results.append(GenerationResult(id=req.id, error="request_failed", prompt_tokens=10,
+                                                error_detail="http_503: HTTP 503 (attempt 6 of 6)"))
+                continue
             kind = self.script[conv][int(turn)]
             head = GENERATION_PROMPT if req.thinking else GENERATION_PROMPT + "</think>"
             body = {"stop": f"why {turn}</think>answer {turn}{IM_END}",
@@ -163,6 +176,46 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
     assert counts["drop"]["rejected"] == {"duplicate_id": 1, "empty_generation": 1, "length_cut": 2}
     assert counts["drop"]["length_cut_kept"] == 0 and counts["drop"]["out"] == 2
     assert counts["drop"]["tokens_generated"] == counts["keep_flagged"]["tokens_generated"] > 0
+
+
+def _generate_unit(root: Path, source: Path, backend: ScriptedBackend, monkeypatch) -> Manifest:
+    monkeypatch.setattr(pipeline, "make_backend", lambda cfg: backend)
+    cfg = compose_config(["dataset=demo_prompts", "generate.length_policy=drop", "generate.batch_size=3"])
+    out = StageOutput.open(root, "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
+    with out:
+        return out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out, CONVERSATIONS_FILE))
+
+
+@pytest.mark.parametrize("independent", [True, False])
+def test_failed_requests_leave_conversations_undone_and_a_rerun_asks_for_just_them(tmp_path, monkeypatch,
+                                                                                  independent):
+    script = {f"c{i}": ["stop", "stop"] if i % 2 else ["length"] for i in range(7)}
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(_conv(c, len(t))) + "\n" for c, t in script.items()))
+    clean = ScriptedBackend(script, independent=independent)
+    reference = _generate_unit(tmp_path / "clean", source, clean, monkeypatch)
+
+    flaky = ScriptedBackend(script, failing=frozenset({"c1:1", "c4:0"}), independent=independent)
+    with pytest.raises(Eagle3Error) as info:
+        _generate_unit(tmp_path / "out", source, flaky, monkeypatch)
+    message = str(info.value)
+    assert "\n" not in message and "2 conversation(s) failed" in message, message
+    assert "http_503" in message and "rerun the same command to retry them" in message
+    unit_dir = tmp_path / "out" / "generate" / reference.dir.name
+    assert Manifest.load(unit_dir).status == "running"
+    rejects = list(read_jsonl(unit_dir / "rejects.jsonl.partial"))
+    assert {r["id"] for r in rejects} == {"c0", "c2", "c6"}  # the length cuts; c4 is not rejected for the outage
+
+    again = ScriptedBackend(script, independent=independent)
+    resumed = _generate_unit(tmp_path / "out", source, again, monkeypatch)
+    if independent:  # only the failed conversations, under the seeds of their batches
+        assert again.calls == [(["c1:0"], clean.calls[0][1]), (["c1:1"], clean.calls[1][1]),
+                               (["c4:0"], clean.calls[2][1])]
+    else:  # the batches holding them re-run whole, to reproduce their seeds and batching
+        assert again.calls == clean.calls[:4]
+    for name in (CONVERSATIONS_FILE, "rejects.jsonl"):
+        assert (resumed.dir / name).read_bytes() == (reference.dir / name).read_bytes(), name
+    assert resumed.counts == reference.counts
 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])

@@ -190,6 +190,24 @@ def test_record_that_json_cannot_hold_is_rejected_not_fatal(tmp_path):
     assert "JSON" in rejects(m)["n:a"]["detail"]
 
 
+def test_lone_surrogate_escapes_are_rejected_and_a_rerun_completes(tmp_path):
+    """JSON may escape half a UTF-16 pair (`\\ud800`); UTF-8 cannot hold it, and writing it crashed prep."""
+    path = tmp_path / "surrogates.jsonl"
+    rows = qa_rows(3)
+    lines = [json.dumps(r) for r in rows]
+    lines[0] = lines[0].replace('"q0"', '"q0\\ud800"')  # in the id
+    lines[1] = lines[1].replace("Question number 1?", "Question \\udc00 number 1?")  # in the text
+    path.write_text("\n".join(lines) + "\n")
+    cfg = make_cfg(tmp_path, s={"track": "prompt_only", "schema": "sharegpt", "data_files": [str(path)]})
+    m = run_prep(cfg, tmp_path)["s"]
+    assert m.counts["rejected"] == {"invalid_unicode": 2} and m.counts["out"] == 1 and reconciles(m)
+    assert [r["id"] for r in outputs(m)] == ["s:q2"]
+    found = rejects(m)
+    assert "id (character 2) holds a lone UTF-16 surrogate" in found[f"s:{path}:1"]["detail"]
+    assert "conversations[0].value" in found[f"s:{path}:2"]["detail"]
+    assert run_prep(cfg, tmp_path)["s"].counts == m.counts  # the rerun reuses it
+
+
 def test_hub_source_goes_through_load_dataset_with_plain_args_and_no_token(tmp_path, monkeypatch):
     import datasets
 
@@ -201,12 +219,13 @@ def test_hub_source_goes_through_load_dataset_with_plain_args_and_no_token(tmp_p
         return iter(rows)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("eagle3.stages.prep.latest_dataset_commit", lambda hub_id: "9" * 40)  # the hub is offline here
     cfg = compose_config([f"paths.root={tmp_path / 'art'}", f"paths.hf_cache={tmp_path / 'hf'}", "dataset=ultrachat",
                           "dataset.sources.ultrachat.streaming=true", "dataset.sources.ultrachat.num_samples=1"])
     m = run_prep(cfg, tmp_path)["ultrachat"]
     [(args, kwargs)] = calls
     assert args == ("HuggingFaceH4/ultrachat_200k", None)
-    assert kwargs == {"split": "train_sft", "streaming": True, "cache_dir": str(tmp_path / "hf")}
+    assert kwargs == {"split": "train_sft", "streaming": True, "cache_dir": str(tmp_path / "hf"), "revision": "9" * 40}
     assert type(kwargs["split"]) is str and "token" not in kwargs
     assert m.counts == {"in": 2, "out": 1, "rejected": {"not_sampled": 1}}
     [record] = outputs(m)

@@ -327,7 +327,8 @@ def test_launcher_config_rules():
         "server.backend: 'hf' -- stage=serve launches an HTTP server; valid: sglang, vllm (e.g. server=sglang)"]
     # The demo draft's layer variant is vLLM-only: SGLang would serve the plain layer.
     assert errors_for(["stage=serve", "server=sglang"]) == [
-        "model.draft.norm_before_residual: true -- sglang cannot serve this draft layer variant (it would run "
-        "the plain layer), so the chain exports none for it; valid: false, or server.backend=vllm"]
+        "model.draft.norm_before_residual: true -- sglang cannot serve this draft layer variant (sglang's "
+        "llama_eagle3 has no such option and would run the plain layer; vllm serves it), so the chain exports "
+        "none for it; valid: false for sglang, or server.backend=vllm"]
     assert errors_for(["stage=serve", "server=sglang", "model.draft.norm_before_residual=false"]) == []
     assert errors_for(["stage=serve", "server=vllm"]) == []

@@ -9,6 +9,8 @@ it gets SIGINT, as a user's Ctrl-C.
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
 import signal
 import socket
@@ -17,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -159,9 +162,9 @@ def test_a_port_in_use_is_refused_before_launch(child, tmp_path):
         with pytest.raises(ServerError) as info:
             with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=20):
                 pytest.fail("the block must not run")
-        assert str(info.value) == (f"server.port: {cmd.port} -- something already listens on {first.url}; "
-                                   f"valid: a free port, or server.urls=[{first.url}] to use a server that "
-                                   "is already running")
+        assert str(info.value) == (f"server.port: {cmd.port} -- pid {first.pid} ({' '.join(cmd.argv)[:120]}...) already listens on "
+                                   f"{first.url}; valid: a free port, or server.urls=[{first.url}] to use a "
+                                   "server that is already running")
         assert not (tmp_path / "second.log").exists()
 
 
@@ -270,10 +273,11 @@ def test_server_endpoints_launches_from_config_or_connects(tmp_path):
     fake, pid_file, port = fake_sglang(tmp_path), tmp_path / "server.pid", free_port()
     cfg = compose_config(["server=sglang", "server.speculative.algorithm=null", f"server.python={sys.executable}",
                           f"server.port={port}", f"+server.env.PYTHONPATH={fake}",
-                          f"+server.env.FAKE_PID_FILE={pid_file}"])
+                          f"+server.env.FAKE_PID_FILE={pid_file}", f"paths.root={tmp_path / 'artifacts'}"])
     with server_endpoints(cfg, tmp_path / "run") as urls:
         assert urls == [f"http://127.0.0.1:{port}"]
         server_pid = int(pid_file.read_text())
+        assert _record(_records(tmp_path), port)["pid"] == server_pid  # under paths.root, for a rerun to find
         connect = compose_config(["server=sglang", f"server.urls=['{urls[0]}/']"])
         with server_endpoints(connect, tmp_path / "run2") as same:
             assert same == urls
@@ -305,6 +309,7 @@ def test_stage_serve_holds_the_server_until_ctrl_c(tmp_path):
         assert head[2] == f"# eagle3 serve: ready at {url} (OpenAI API {url}/v1); Ctrl-C stops it\n"
         server_pid = int(pid_file.read_text())
         assert alive(server_pid)
+        assert _record(tmp_path / "artifacts" / ".servers", port)["job_pid"] == proc.pid  # for a rerun to find
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         stdout, stderr = proc.communicate(timeout=30)
     finally:
@@ -315,3 +320,139 @@ def test_stage_serve_holds_the_server_until_ctrl_c(tmp_path):
     [log] = list((tmp_path / "artifacts" / "runs").glob(f"*_serve/sglang-{port}.log"))
     assert "fake sglang on 127.0.0.1" in log.read_text()  # ... and kept in the run directory
     assert wait_dead([server_pid], 0.5)
+    assert not list((tmp_path / "artifacts" / ".servers").iterdir())
+
+
+# ------------------------------------------------------------------------------------------
+# No orphans: a job killed with -9 takes its server with it (the watchdog), and a server left
+# anyway (watchdog killed too) is found by the rerun through its record and stopped.
+
+def _records(tmp_path: Path) -> Path:
+    return tmp_path / "artifacts" / ".servers"
+
+
+def _hold_in_a_job(cmd: ServerCommand, tmp_path: Path, records: Optional[Path]) -> subprocess.Popen:
+    """A job (its own process) that serves `cmd` (records under `records`, if any) until killed."""
+    job = tmp_path / f"job-{cmd.port}.py"
+    records_arg = f", records_dir={str(records)!r}" if records else ""
+    job.write_text(textwrap.dedent(f'''
+        import time
+        from eagle3.serving.commands import ServerCommand
+        from eagle3.serving.process import ServerProcess
+        cmd = ServerCommand("sglang", {cmd.argv!r}, {{}}, "127.0.0.1", {cmd.port})
+        with ServerProcess(cmd, {str(tmp_path / "job.log")!r}, startup_timeout_s=30, grace_s=2{records_arg}):
+            print("ready", flush=True)
+            time.sleep(600)
+    '''))
+    proc = subprocess.Popen([sys.executable, str(job)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _record(records: Path, port: int) -> dict:
+    [path] = records.glob(f"*-{port}.json")
+    return json.loads(path.read_text())
+
+
+def test_a_record_names_the_server_while_it_runs_and_goes_on_stop(child, tmp_path):
+    cmd, records = child("children"), _records(tmp_path)
+    with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=records) as server:
+        [path] = list(records.iterdir())
+        assert path.name == f"{socket.gethostname()}-{cmd.port}.json"
+        record = json.loads(path.read_text())
+        assert record["pid"] == record["pgid"] == server.pid == child.pids()[0]
+        assert record["port"] == cmd.port and record["argv"] == cmd.argv and record["job_pid"] == os.getpid()
+        assert record["host"] == socket.gethostname() and record["url"] == server.url
+        assert alive(record["watchdog_pid"]) and record["started_at"]
+    assert list(records.iterdir()) == []  # a clean stop removes it
+    assert wait_dead([record["watchdog_pid"]], 5)
+
+
+def test_kill_9_of_the_job_takes_the_whole_server_group_with_it(child, tmp_path):
+    cmd = child("children")
+    job = _hold_in_a_job(cmd, tmp_path, None)
+    pids = child.pids()
+    assert all(alive(p) for p in pids)
+    job.kill()  # SIGKILL: no Python cleanup runs in the job
+    job.wait()
+    assert wait_dead(pids, 15), "the watchdog stops the server (and its children) when the job dies"
+    note = f"# eagle3 watchdog: job pid {job.pid} is gone ("
+    deadline = time.monotonic() + 5
+    while note not in (tmp_path / "job.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"); stopped the server's process group {pids[0]}\n" in (tmp_path / "job.log").read_text()
+
+
+def test_rerun_stops_a_server_left_by_a_dead_job_and_launches_on_the_same_port(child, tmp_path, caplog):
+    cmd, records = child("children"), _records(tmp_path)
+    job = _hold_in_a_job(cmd, tmp_path, records)
+    old = child.pids()
+    record = _record(records, cmd.port)
+    os.kill(record["watchdog_pid"], signal.SIGKILL)  # killed with the job (a kill -9 of both, the OOM killer)
+    job.kill()
+    job.wait()
+    time.sleep(0.3)
+    assert all(alive(p) for p in old), "an orphan: nobody is left to stop it"
+    with caplog.at_level(logging.INFO, logger="eagle3"):
+        with ServerProcess(cmd, tmp_path / "rerun.log", startup_timeout_s=20, grace_s=2,
+                           records_dir=records) as server:
+            assert wait_dead(old, 0.5)
+            assert server.pid == child.pids()[0] != old[0]
+            assert _record(records, cmd.port)["pid"] == server.pid
+    [line] = [m for m in caplog.messages if "left" in m]
+    assert line.startswith(f"server.port: {cmd.port} -- stopped the sglang server (pid {old[0]}, process group "
+                           f"{old[0]}) that eagle3 job pid {job.pid} left running")
+
+
+def test_a_record_whose_pid_was_recycled_never_kills_that_process(child, tmp_path):
+    cmd, records = child("ok"), _records(tmp_path)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    dead_job = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_job.wait()
+    try:
+        records.mkdir(parents=True)
+        stale = {"pid": stranger.pid, "pgid": stranger.pid, "port": cmd.port, "argv": cmd.argv,
+                 "host": socket.gethostname(), "job_pid": dead_job.pid, "server_id": "not-the-stranger's",
+                 "started_at": "2000-01-01T00:00:00+00:00", "backend": "sglang", "url": cmd.url}
+        (records / f"{socket.gethostname()}-{cmd.port}.json").write_text(json.dumps(stale))
+        with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=records) as server:
+            assert _record(records, cmd.port)["pid"] == server.pid  # the stale record was replaced
+        assert alive(stranger.pid)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_server_of_a_live_job_is_refused_not_stopped(child, tmp_path):
+    cmd, records = child("ok"), _records(tmp_path)
+    job = _hold_in_a_job(cmd, tmp_path, records)
+    try:
+        with pytest.raises(ServerError) as info:
+            with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=20, records_dir=records):
+                pytest.fail("the block must not run")
+        message = str(info.value)
+        assert message.startswith(f"server.port: {cmd.port} -- eagle3 job pid {job.pid} on {socket.gethostname()} "
+                                  f"runs a sglang server there (pid {child.pids()[0]}, since ")
+        assert job.poll() is None and alive(child.pids()[0])
+    finally:
+        job.kill()
+        job.wait()
+    assert wait_dead(child.pids(), 15)
+
+
+def test_a_port_held_by_another_program_is_refused_naming_it(child, tmp_path):
+    cmd = child("ok")
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                               f"s.bind(('127.0.0.1', {cmd.port})); s.listen(); print('up', flush=True); "
+                               "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        with pytest.raises(ServerError) as info:
+            with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=_records(tmp_path)):
+                pytest.fail("the block must not run")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(info.value).startswith(f"server.port: {cmd.port} -- pid {holder.pid} ({sys.executable} -c import "
+                                      f"socket") and "already listens on" in str(info.value)

@@ -201,9 +201,11 @@ class Manifest:
         Returns:
             The path written.
         """
+        from eagle3.config.secrets import redact  # defence in depth: validation refuses secrets first
+
         directory = Path(dir)
         path = directory / MANIFEST_NAME
-        atomic_write_json(path, self.to_dict())
+        atomic_write_json(path, redact(self.to_dict()))
         self.dir = directory
         return path
 

@@ -7,6 +7,12 @@ reopen the torn tail is cut off, the ids already present are loaded, and the job
 them: resume is by id, never by line count, because a line count says nothing about which
 inputs a filtered or reordered run already handled. Only :meth:`RecordWriter.finalize`
 gives the file its final name, so a reader never mistakes a partial file for a result.
+
+Two rewrites of a partial file exist for jobs whose reruns fill gaps: :meth:`RecordWriter.drop`
+takes records back (an earlier version counted them as done, this one does not) and
+:meth:`RecordWriter.reorder` restores the input order after gaps were filled at the end. Both
+write a temporary file and rename it over the partial one, so a kill leaves the old or the new
+file, never half of one.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from eagle3.artifacts.atomic import fsync_dir
+from eagle3.artifacts.atomic import fsync_dir, temp_path_for
 
 __all__ = ["PARTIAL_SUFFIX", "JsonlError", "RecordWriter", "RejectWriter", "read_jsonl"]
 
@@ -56,6 +62,22 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for lineno, raw in enumerate(fh, 1):
             if raw.strip():
                 yield _parse_line(raw, path, lineno)
+
+
+_ID_PREFIX = b'{"id":'
+_ID_PEEK = 512  # bytes after the prefix that hold any sane id
+_DECODER = json.JSONDecoder()
+
+
+def _line_id(raw: bytes) -> Any:
+    """The id of a record line, reading only its start when it begins with the id (as written here)."""
+    if raw.startswith(_ID_PREFIX):
+        head = raw[len(_ID_PREFIX):len(_ID_PREFIX) + _ID_PEEK].decode("utf-8", errors="ignore")
+        try:
+            return _DECODER.raw_decode(head.lstrip())[0]
+        except json.JSONDecodeError:
+            pass  # an id longer than the peek: parse the whole line
+    return json.loads(raw)["id"]
 
 
 def _check_id(record: Any) -> str | int:
@@ -147,6 +169,86 @@ class RecordWriter:
 
     def _on_record(self, record: dict[str, Any]) -> None:
         """Hook for subclasses that keep statistics over loaded and written records."""
+
+    def _on_drop(self, record: dict[str, Any]) -> None:
+        """Hook for subclasses: `record` was taken out of the file by :meth:`drop`."""
+
+    # ------------------------------------------------------------------ rewriting
+    def _spans(self) -> Iterator[tuple[int, bytes]]:
+        """(byte offset, line) of every non-blank line of the partial file, flushed first."""
+        self.flush()
+        with open(self.partial_path, "rb") as fh:
+            position = 0
+            for raw in fh:
+                if raw.strip():
+                    yield position, raw
+                position += len(raw)
+
+    def _rewrite(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Replace the partial file by the given (offset, length) slices of it, in that order."""
+        if self._fh.closed:
+            raise RuntimeError(f"cannot rewrite {self.partial_path}: writer is closed")
+        self._fh.close()
+        tmp = temp_path_for(self.partial_path)
+        try:
+            with open(self.partial_path, "rb") as src, open(tmp, "xb") as dst:
+                for offset, length in spans:
+                    src.seek(offset)
+                    dst.write(src.read(length))
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, self.partial_path)
+        except BaseException:
+            if tmp.exists():
+                tmp.unlink()
+            raise
+        finally:
+            self._fh = open(self.partial_path, "ab")
+            self._since_sync = 0
+        fsync_dir(self.partial_path.parent)
+
+    def drop(self, unwanted: Callable[[dict[str, Any]], bool]) -> list[str | int]:
+        """Take the records `unwanted` picks out of the file (atomically); their ids are no longer done.
+
+        The file is rewritten only when some record is picked. Memory stays bounded: lines are
+        read one at a time and copied by byte offset.
+
+        Returns:
+            The ids taken out, in file order.
+        """
+        keep: list[tuple[int, int]] = []
+        dropped: list[dict[str, Any]] = []
+        for offset, raw in self._spans():
+            record = json.loads(raw)
+            if unwanted(record):
+                dropped.append(record)
+            else:
+                keep.append((offset, len(raw)))
+        if not dropped:
+            return []
+        self._rewrite(keep)
+        for record in dropped:
+            self.done_ids.discard(record["id"])
+            self._on_drop(record)
+        return [record["id"] for record in dropped]
+
+    def reorder(self, rank: Mapping[Any, int]) -> bool:
+        """Put the records in the order of `rank` (id -> position) if they are not in it already.
+
+        For jobs whose reruns append what an earlier run left out: after it, the file equals one
+        written in input order without gaps. Ids missing from `rank` keep their relative order
+        after all ranked ones. Memory is one (rank, offset, length) entry per record.
+
+        Returns:
+            Whether the file was rewritten.
+        """
+        last = len(rank)
+        entries = [(rank.get(_line_id(raw), last), offset, len(raw)) for offset, raw in self._spans()]
+        if all(a[0] <= b[0] for a, b in zip(entries, entries[1:])):
+            return False
+        entries.sort(key=lambda e: (e[0], e[1]))
+        self._rewrite((offset, length) for _, offset, length in entries)
+        return True
 
     # ------------------------------------------------------------------ writing
     def __contains__(self, rid: object) -> bool:
@@ -244,6 +346,12 @@ class RejectWriter(RecordWriter):
 
     def _on_record(self, record: dict[str, Any]) -> None:
         self.reasons[str(record.get("reason"))] += 1
+
+    def _on_drop(self, record: dict[str, Any]) -> None:
+        reason = str(record.get("reason"))
+        self.reasons[reason] -= 1
+        if self.reasons[reason] <= 0:
+            del self.reasons[reason]
 
     def write(self, record: dict[str, Any]) -> None:
         """Append a reject record; it must carry a ``reason`` usable as a counter name.

@@ -6,6 +6,9 @@ each other and identical work is found and skipped), a ``running`` manifest mark
 progress (so a crash is visible), writers resume by id, and ``finalize`` checksums the
 files, reconciles the counts and flips the manifest to ``complete`` atomically.
 
+Reusing a complete unit re-checks every file against its manifest entry -- size, and sha256
+where recorded -- and refuses a mismatch (`eagle3.artifacts.verify`).
+
 Typical use in a stage::
 
     out = StageOutput.open(root, "tokenize", ds_name, cfg_slice, inputs={"conversations": prep_dir})
@@ -45,8 +48,9 @@ from eagle3.artifacts.manifest import (
     utc_now_iso,
 )
 from eagle3.artifacts.records import PARTIAL_SUFFIX, RecordWriter, RejectWriter
+from eagle3.artifacts.verify import UntrustedOutput, check_reusable
 
-__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput"]
+__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput", "UntrustedOutput"]
 
 logger = logging.getLogger("eagle3")
 
@@ -140,8 +144,9 @@ class StageOutput:
 
         Raises:
             TypeError: ``config`` is not plain data (the message names the key path).
-            ValueError: Unsafe stage/name, an incomplete input, or a complete output whose
-                files are missing or changed size since it was written.
+            ValueError: Unsafe stage/name, or an incomplete input.
+            UntrustedOutput: A complete output whose files are missing or changed (size, or
+                sha256 where recorded) since it was written; the message names the file.
         """
         out = cls._identify(root, stage, name, config, inputs)
         out._lock()
@@ -222,20 +227,7 @@ class StageOutput:
         return Manifest.load(self.dir)
 
     def _check_reusable(self, manifest: Manifest) -> None:
-        problems = []
-        if manifest.fingerprint != self.fingerprint:
-            problems.append(f"its fingerprint is {manifest.fingerprint}, expected {self.fingerprint}")
-        for rel, info in sorted(manifest.files.items()):
-            path = self.dir / rel
-            if not path.is_file():
-                problems.append(f"{rel} is missing")
-            elif path.stat().st_size != info.get("bytes"):
-                problems.append(f"{rel} has {path.stat().st_size} bytes, manifest says {info.get('bytes')}")
-        if problems:
-            raise ValueError(
-                f"complete output {self.dir} cannot be trusted: {'; '.join(problems[:5])}"
-                f"{' ...' if len(problems) > 5 else ''}; rerun with force=True to rebuild it"
-            )
+        check_reusable(self.dir, manifest, self.fingerprint)
 
     def _remove_dir(self) -> None:
         if not self.dir.exists() and not self.dir.is_symlink():

@@ -88,6 +88,9 @@ class DatasetSourceConfig:
     track: str = MISSING  # target_native | prompt_only
     schema: str = MISSING  # see validate.DATASET_SCHEMAS
     hub_id: Optional[str] = None
+    # Hub datasets: the commit (or tag) to read. None = the latest, pinned to the commit the first
+    # run of a unit resolved (prep's `hub_revision.json`), so a resumed prep never mixes versions.
+    revision: Optional[str] = None
     subset: Optional[str] = None
     split: str = "train"
     data_files: Optional[List[str]] = None  # local json / jsonl / parquet
@@ -168,8 +171,9 @@ class GenerateHTTPConfig:
     max_attempts: int = 6  # per request; timeouts, connection loss, HTTP 429/5xx are retried
     backoff_s: float = 1.0  # exponential backoff base (with jitter), capped at max_backoff_s
     max_backoff_s: float = 60.0
-    # Stop the run (instead of rejecting everything) after this many requests in a row failed
-    # for good: the endpoints are down; a rerun resumes. 0 = never stop.
+    # Stop the run after this many requests in a row failed for good (the endpoints are down)
+    # instead of sending the rest into a dead server. Failed conversations are never rejected:
+    # they stay undone and the next run of the same command retries them. 0 = never stop.
     max_consecutive_failures: int = 64
     connect_wait_s: float = 60.0  # how long to wait at start for a first endpoint to answer
     # Batches regenerated at once (each advances turn by turn); null = enough to fill the
@@ -344,6 +348,9 @@ class Eagle3Config:
     # Intra-op threads of this job's torch ops (and OMP_NUM_THREADS for what it starts); null =
     # the cores divided by the jobs the launcher runs at once (joblib's n_jobs; eagle3.threads).
     cpu_threads: Optional[int] = None
+    # Longest wait for a unit or store lock another job holds (eagle3.artifacts.locks), then exit 3
+    # naming the holder. Generous: a sweep job may rightly wait for another job's long extract.
+    lock_timeout_s: float = 6 * 3600.0
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

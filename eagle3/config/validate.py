@@ -11,7 +11,6 @@ torch-free module that acts on it, so a new choice is added in one place.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -19,11 +18,13 @@ from omegaconf import DictConfig, OmegaConf
 
 # Each list of valid choices is imported from the module that acts on it (all torch-free).
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
 from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
+from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import (
     HIDDEN_STATE_MODES,
     LR_SCHEDULES,
@@ -38,13 +39,10 @@ from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
-from eagle3.serving.engines import SERVER_BACKENDS, VLLM
+from eagle3.serving.engines import ENGINES, SERVER_BACKENDS, VLLM
 from eagle3.serving.rules import check_server
 from eagle3.target_info import read_config
 
-SECRET_KEY_RE = re.compile(
-    r"^(token|secret|password)$|(api_?key|access_token|auth_token|hf_token|_password|_secret)$"
-)
 #: A stage's own rules, run when that stage is the one asked for (`eagle3.stages` registers them).
 StageRules = Callable[[DictConfig, ConfigErrors], None]
 
@@ -54,35 +52,9 @@ def _check_model(model: DictConfig, err: ConfigErrors) -> None:
     err.positive("model.num_layers", model.num_layers)
     err.positive("model.hidden_size", model.hidden_size)
     err.positive("model.vocab_size", model.vocab_size)
-    layers = list(model.capture_layers)
-    n_layers = model.num_layers
-    if not layers:
-        err.add("model.capture_layers", layers, "needs at least one layer",
-                f"ids in [0, {n_layers - 1}], e.g. [2, {n_layers // 2}, {n_layers - 3}]")
-    for layer in layers:
-        if not 0 <= layer < n_layers:
-            err.add("model.capture_layers", layers,
-                    f"layer {layer} is out of range for a {n_layers}-layer model "
-                    "(capture i = the residual stream entering decoder layer i)",
-                    f"ids in [0, {n_layers - 1}], e.g. [2, {n_layers // 2}, {n_layers - 3}]")
-    if layers != sorted(set(layers)):
-        err.add("model.capture_layers", layers, "must be strictly increasing without repeats")
-
+    _check_draft_geometry(model, err)
     draft = model.draft
-    draft_hidden = draft.hidden_size if draft.hidden_size is not None else model.hidden_size
-    if draft.fc_in_features is not None and layers:
-        expected = len(layers) * draft_hidden
-        if draft.fc_in_features != expected:
-            err.add("model.draft.fc_in_features", draft.fc_in_features,
-                    f"the draft's fc reads len(capture_layers) x hidden = {len(layers)} x "
-                    f"{draft_hidden} = {expected} features", str(expected))
     err.positive("model.draft.vocab_size", draft.vocab_size)
-    if draft.vocab_size > model.vocab_size:
-        err.add("model.draft.vocab_size", draft.vocab_size,
-                f"larger than the target vocab ({model.vocab_size})", f"<= {model.vocab_size}")
-    if draft.norm_before_fc and draft.fc_norm:
-        err.add("model.draft.fc_norm", True, "normalises each captured state before fc, and "
-                "model.draft.norm_before_fc normalises their concatenation: set one", "false")
     if draft.num_layers != 1:
         err.add("model.draft.num_layers", draft.num_layers,
                 "EAGLE-3 drafts served by SGLang/vLLM have one decoder layer", "1")
@@ -104,6 +76,30 @@ def _check_model(model: DictConfig, err: ConfigErrors) -> None:
             err.add("model.trust_remote_code", False,
                     f"{model.path}/config.json needs custom code (auto_map)",
                     "true, if you trust that code")
+
+
+def _check_draft_geometry(model: DictConfig, err: ConfigErrors) -> None:
+    """The draft stage train would build must be one the export writes for some engine.
+
+    The geometry rules are the export's own (`eagle3.draft.geometry.geometry_refusals`), run on
+    the geometry train builds from this config; a draft that only some engines refuse is trained
+    and exported for the others, and refused where a stage serves it on one of those
+    (`eagle3.serving.rules.check_chain_draft_engine`).
+    """
+    layers, fc_in = list(model.capture_layers), model.draft.fc_in_features
+    if fc_in is not None and layers and fc_in != len(layers) * model.hidden_size:
+        # The engines feed fc one TARGET hidden state per captured layer, whatever the draft's width.
+        expected = len(layers) * model.hidden_size
+        err.add("model.draft.fc_in_features", fc_in, f"the draft's fc reads len(capture_layers) x hidden = "
+                f"{len(layers)} x {model.hidden_size} = {expected} features", str(expected))
+    refused = config_refusals(model)
+    if len(refused) < len(ENGINES):
+        return
+    shared = [r for r in refused[ENGINES[0]] if all(r in why for why in refused.values())]
+    lines = [("", r) for r in shared] or [(f"{engine}: ", r) for engine, why in refused.items() for r in why]
+    for prefix, r in lines:
+        why = r.why if r.config_key != "model.path" else f"its config.json says {r.field}={r.found}: {r.why}"
+        err.add(r.config_key, OmegaConf.select(model, r.config_key.removeprefix("model.")), prefix + why, r.expected)
 
 
 def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
@@ -257,19 +253,13 @@ def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:
 
 
 def _check_secrets(node: Any, key: str, err: ConfigErrors) -> None:
-    """Secrets belong in the environment (WANDB_API_KEY, HF_TOKEN), never in configs or logs."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            child = f"{key}.{k}" if key else str(k)
-            lowered = str(k).lower()
-            if SECRET_KEY_RE.search(lowered) and isinstance(v, str) and v:
-                err.add(child, "<redacted>", "secrets must not be written in a config",
-                        "set WANDB_API_KEY / HF_TOKEN in the environment")
-            else:
-                _check_secrets(v, child, err)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            _check_secrets(v, f"{key}[{i}]", err)
+    """Secrets belong in the environment (WANDB_API_KEY, HF_TOKEN, VLLM_API_KEY), never in configs or logs.
+
+    The entrypoint refuses them before Hydra writes a file (`eagle3.config.callbacks`); this catches
+    a config composed elsewhere (a notebook, a test) before a stage records it.
+    """
+    for found in find_secrets(node, key):
+        err.add(found.key, found.shown, found.why, found.valid)
 
 
 def validate_config(cfg: DictConfig, stages: Iterable[str],

@@ -31,12 +31,47 @@ class RawItem:
     Attributes:
         record: The raw record (a dict) or None when unreadable.
         where: Where it came from (``file:line``, ``file[i]``, ``hub_id:split#i``), for rejects.
-        error: Why it could not be read (reject reason ``malformed_json``), else None.
+        error: Why it could not be read, else None.
+        reason: The reject reason when `error` is set.
     """
 
     record: Optional[dict]
     where: str
     error: Optional[str] = None
+    reason: str = "malformed_json"
+
+
+def _lone_surrogate(raw: bytes, obj: Any) -> Optional[str]:
+    """Where `obj` holds a lone UTF-16 surrogate (JSON allows the escape, UTF-8 cannot hold it), else None.
+
+    Only text with a `\\u` escape can hold one, so the walk runs on those few lines only.
+    """
+    if b"\\u" not in raw:
+        return None
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{path or 'record'} (character {exc.start})"
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+            stack.extend((f"{path}.<key>", k) for k in value if isinstance(k, str))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
+def _checked(raw: bytes, obj: Any, where: str) -> RawItem:
+    if not isinstance(obj, dict):
+        return RawItem(None, where, f"{where}: expected a JSON object, got {type(obj).__name__}")
+    bad = _lone_surrogate(raw, obj)
+    if bad is not None:
+        return RawItem(None, where, f"{where}: {bad} holds a lone UTF-16 surrogate escape, which is not text",
+                       reason="invalid_unicode")
+    return RawItem(obj, where)
 
 
 def file_kind(path: str | os.PathLike[str]) -> Optional[str]:
@@ -90,10 +125,7 @@ def iter_jsonl(path: str) -> Iterator[RawItem]:
             except UnicodeDecodeError as exc:
                 yield RawItem(None, where, f"{where}: not valid UTF-8 ({exc.reason})")
                 continue
-            if isinstance(obj, dict):
-                yield RawItem(obj, where)
-            else:
-                yield RawItem(None, where, f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield _checked(raw, obj, where)
 
 
 def _iter_json(path: str) -> Iterator[RawItem]:
@@ -111,11 +143,7 @@ def _iter_json(path: str) -> Iterator[RawItem]:
             yield RawItem(None, where, f"{where}: {getattr(exc, 'msg', exc)} (the whole array is unreadable)")
             return
     for i, obj in enumerate(items):
-        where = f"{path}[{i}]"
-        if isinstance(obj, dict):
-            yield RawItem(obj, where)
-        else:
-            yield RawItem(None, where, f"{where}: expected a JSON object, got {type(obj).__name__}")
+        yield _checked(b"\\u", obj, f"{path}[{i}]")  # the array was parsed whole: check every record
 
 
 def _iter_parquet(path: str) -> Iterator[RawItem]:
@@ -131,10 +159,20 @@ def _iter_parquet(path: str) -> Iterator[RawItem]:
 _READERS = {"jsonl": iter_jsonl, "json": _iter_json, "parquet": _iter_parquet}
 
 
+def latest_dataset_commit(hub_id: str, timeout_s: float = 20.0) -> Optional[str]:
+    """The commit a hub dataset's default branch points to now, or None when the hub cannot be asked."""
+    try:
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(hub_id, timeout=timeout_s).sha
+    except Exception:  # noqa: BLE001 - offline, unknown repo, no permission: the caller warns
+        return None
+
+
 def _iter_hub(src: dict, hf_cache: Optional[str]) -> Iterator[RawItem]:
     import datasets
 
-    ds = datasets.load_dataset(src["hub_id"], src.get("subset"), split=src["split"],
+    ds = datasets.load_dataset(src["hub_id"], src.get("subset"), split=src["split"], revision=src.get("revision"),
                                streaming=bool(src.get("streaming")), cache_dir=hf_cache)
     for i, row in enumerate(ds):
         yield RawItem(dict(row), f"{src['hub_id']}:{src['split']}#{i}")

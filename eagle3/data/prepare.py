@@ -82,7 +82,7 @@ def _scan(out: StageOutput, unit: str, src: dict, prep: dict, generator_file: Op
     for item in progress(iter_source(src, hf_cache, generator_file), desc=f"prep {unit}", unit="rec"):
         out.count_in()
         if item.error is not None:
-            _reject(out, f"{unit}:{item.where}", "malformed_json", item.error, unit, item.where)
+            _reject(out, f"{unit}:{item.where}", item.reason, item.error, unit, item.where)
             continue
         try:
             rid = f"{unit}:{raw_id(item.record, columns)}"

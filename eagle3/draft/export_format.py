@@ -17,7 +17,8 @@ What the engines read (sources read for this file):
   `hidden_size`, heads/`head_dim`, `intermediate_size`, `hidden_act`, `rms_norm_eps`, rope
   fields, `vocab_size` (embedding rows), `draft_vocab_size` (None -> lm_head borrowed from the
   target), `tie_word_embeddings` (true -> lm_head = embedding), `target_hidden_size` (fc is
-  `Linear(3 * target_hidden_size, hidden_size)`); `d2t` -> hot token ids, `t2d` skipped.
+  `Linear(3 * target_hidden_size, hidden_size)`: exactly 3 captures, whatever the config says);
+  `d2t` -> hot token ids, `t2d` skipped.
   `python/sglang/srt/speculative/eagle_worker.py` + `models/llama.py`: the target's embedding
   replaces the draft's unless `target_hidden_size != hidden_size`.
 * vLLM, `vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`: the aux ids from the TOP
@@ -25,7 +26,8 @@ What the engines read (sources read for this file):
   `vllm/v1/worker/gpu_model_runner.py` fall back to `eagle_config`; the top level is the key
   every version reads). `vllm/transformers_utils/configs/eagle.py`: every top-level key of the
   draft config is kept. `vllm/model_executor/models/llama_eagle3.py`: the Llama fields above,
-  `target_hidden_size` (fc is `3 * target_hidden_size` wide), `eagle_config.use_aux_hidden_state`,
+  `target_hidden_size` and `num_aux_hidden_states` (fc is `num_aux_hidden_states * target_hidden_size`
+  wide; absent, the number of `eagle_config` ids, else 3), `eagle_config.use_aux_hidden_state`,
   the layer variants `norm_before_residual`, `norm_before_fc` (+ `input_norm.weight`), `fc_norm`
   (+ `fc_norm.<i>.weight`) and `norm_output`, `attention_bias`/`mlp_bias`, `draft_vocab_size`; `midlayer.` is
   renamed to `layers.0.`, `d2t` becomes `draft_id_to_target_id`, `t2d` is skipped and
@@ -45,8 +47,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from eagle3.draft.geometry import DraftGeometry
-from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
+from eagle3.draft.geometry import DraftGeometry, geometry_refusals
+from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
@@ -55,9 +57,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 METADATA_KEY = "eagle3"
 FORMAT_VERSION = 1
-#: Both engines build fc as Linear(3 * target_hidden_size, hidden_size): exactly 3 captures.
-ENGINE_NUM_CAPTURES = 3
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+#: vLLM sizes fc from this top-level key (it does not count the top-level ids); absent, it reads 3.
+NUM_AUX_KEY, VLLM_DEFAULT_NUM_AUX = "num_aux_hidden_states", 3
 EMBED_KEY = "embed_tokens.weight"
 # safetensors' dtype spelling, used for both in-memory and on-disk checks.
 SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
@@ -180,6 +182,7 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
         eagle_config[IDS_KEY] = ids  # model_runner.py reads only eagle_config[...] and adds 1
     else:
         cfg[IDS_KEY] = ids  # eagle3_utils.py reads the top level, as written
+        cfg[NUM_AUX_KEY] = len(ids)  # llama_eagle3.py: fc = Linear(num_aux_hidden_states * target_hidden_size, H)
     cfg[METADATA_KEY] = {
         "format_version": FORMAT_VERSION,
         "engine": engine,
@@ -208,41 +211,13 @@ def check_engine_and_dtype(engine: Any, dtype: Any, where: str) -> None:
 
 
 def check_geometry(g: DraftGeometry, engine: str, include_embedding: bool, where: str) -> None:
-    """Geometries the engines cannot serve as trained, refused before anything is written."""
-    capture = list(g.capture_layers)
-    key = f"{METADATA_KEY}.geometry"
-    if len(capture) != ENGINE_NUM_CAPTURES:
-        raise ExportError(f"{where}: {key}.capture_layers: found {len(capture)} layers {capture}, expected "
-                          f"{ENGINE_NUM_CAPTURES} (SGLang and vLLM build fc as "
-                          "Linear(3 * target_hidden_size, H))")
-    if g.fc_in_features != len(capture) * _target_hidden(g):
-        raise ExportError(f"{where}: {key}.fc_in_features: found {g.fc_in_features}, expected a multiple of "
-                          f"len(capture_layers)={len(capture)} (one target hidden state per captured layer)")
-    ids = engine_aux_layer_ids(capture, engine)
-    if capture != sorted(set(capture)) or min(ids) < 0 or max(capture) >= g.target_num_layers:
-        raise ExportError(f"{where}: {key}.capture_layers: found {capture} ({engine} ids {ids}), expected "
-                          f"strictly increasing captures < target_num_layers={g.target_num_layers} "
-                          f"with {engine} ids >= 0")
-    refused = variant_engines_refusing(g.variants(), [engine]).get(engine)
+    """Geometries the engines cannot serve as trained, refused before anything is written.
+
+    The rules are `eagle3.draft.geometry.geometry_refusals`, which config validation runs too.
+    """
+    refused = geometry_refusals(g, engine, include_embedding)
     if refused:
-        raise ExportError(f"{where}: {key}.{refused[0]}: found true, expected false for {engine} (its "
-                          "llama_eagle3 has no such option and would serve the plain layer; export for "
-                          f"{', '.join(VARIANT_ENGINES[refused[0]])})")
-    if g.norm_before_fc and g.fc_norm:
-        raise ExportError(f"{where}: {key}.fc_norm: found true with norm_before_fc true, expected one of them")
-    if g.hidden_act != "silu":
-        raise ExportError(f"{where}: {key}.hidden_act: found {g.hidden_act!r}, expected 'silu' "
-                          "(the draft MLP is SiLU-gated; the engine would apply the written activation)")
-    if g.rope_scaling is not None:
-        raise ExportError(f"{where}: {key}.rope_scaling: found {json.dumps(g.rope_scaling)}, expected null "
-                          "(the draft trains with plain rope; the engine would apply the scaling)")
-    if g.draft_vocab_size > g.vocab_size:
-        raise ExportError(f"{where}: {key}.draft_vocab_size: found {g.draft_vocab_size}, expected "
-                          f"<= vocab_size={g.vocab_size}")
-    if not include_embedding and g.hidden_size != _target_hidden(g):
-        raise ExportError(f"{where}: {EMBED_KEY}: not included, expected it because hidden_size="
-                          f"{g.hidden_size} != target hidden {_target_hidden(g)} (engines share the "
-                          "target's embedding only at equal width); export with include_embedding=True")
+        raise ExportError(f"{where}: {METADATA_KEY}.geometry.{refused[0].field}: {refused[0].message()}")
 
 
 def check_tensor_specs(specs: Mapping[str, tuple[tuple[int, ...], str]], g: DraftGeometry, dtype: str,
@@ -305,6 +280,9 @@ def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _MISSING = object()
+# What vLLM reads for a key an export of an earlier version did not write (variants: false;
+# the aux count: 3), so such exports still validate when that is what they hold.
+_ABSENT_MEANS = {**{name: False for name in LAYER_VARIANTS}, NUM_AUX_KEY: VLLM_DEFAULT_NUM_AUX}
 
 
 def check_config(cfg: Mapping[str, Any], info: ExportInfo, where: str) -> None:
@@ -320,8 +298,7 @@ def check_config(cfg: Mapping[str, Any], info: ExportInfo, where: str) -> None:
     want.pop(METADATA_KEY)
     found = _flatten({k: v for k, v in cfg.items() if k != METADATA_KEY})
     for key, value in _flatten(want).items():
-        # A variant key an export does not write means false to vLLM (exports before them had none).
-        got = found.get(key, False if key in LAYER_VARIANTS else _MISSING)
+        got = found.get(key, _ABSENT_MEANS.get(key, _MISSING))
         if got != value:
             shown = "missing" if got is _MISSING else json.dumps(got)
             hint = ""

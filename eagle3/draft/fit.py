@@ -18,8 +18,8 @@ from typing import Any, Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.draft.geometry import geometry_from_target
-from eagle3.draft.options import AUTO_PRECISION, variant_engines_refusing
+from eagle3.draft.geometry import engines_refusing, geometry_from_target
+from eagle3.draft.options import AUTO_PRECISION
 from eagle3.serving.engines import ENGINES
 from eagle3.target_info import read_config, resolve_dir
 from eagle3.threads import ranks_share_cores
@@ -152,12 +152,12 @@ def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[
 
 def export_engines(module: Any, export_root: Path, dtype: str, metadata: dict[str, Any]) -> dict[str, str]:
     """The trained draft exported under `export_root/<engine>` (validated on write) for every engine
-    that serves its layer variant; the others are logged and left out."""
+    that serves its geometry (`eagle3.draft.geometry.geometry_refusals`); the others are logged and left out."""
     from eagle3.draft.export import export_draft
 
-    geometry = module.draft.geometry
-    refused = variant_engines_refusing(geometry.variants(), ENGINES)
-    for engine, variants in refused.items():
-        log.info("train: no %s export: it cannot serve model.draft.%s", engine, ", ".join(variants))
+    refused = engines_refusing(module.draft.geometry, ENGINES)
+    for engine, why in refused.items():
+        log.info("train: no %s export: it cannot serve %s", engine,
+                 "; ".join(f"{r.config_key} ({r.field} {r.message()})" for r in why))
     return {engine: str(export_draft(module.draft, export_root / engine, engine, dtype=dtype, extra_metadata=metadata))
             for engine in ENGINES if engine not in refused}

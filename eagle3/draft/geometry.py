@@ -1,15 +1,30 @@
-"""The draft's shape, derived from the target's config with per-field overrides.
+"""The draft's shape, derived from the target's config with per-field overrides, and what engines refuse of it.
 
 The same dataclass is written into checkpoints and exported `config.json` files, so a draft
-can be rebuilt without the Hydra config that trained it.
+can be rebuilt without the Hydra config that trained it. `geometry_refusals` is the one list of
+geometries an engine cannot serve as trained: the export (`eagle3.draft.export_format`) raises
+the first, stage train leaves out the engines that refuse, and config validation
+(`config_geometry`, torch-free) reports them before any stage runs.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
-from eagle3.draft.options import LAYER_VARIANTS
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
+from eagle3.layer_ids import (
+    ENGINE_NUM_CAPTURES,
+    ENGINES,
+    default_capture_layers,
+    engine_aux_layer_ids,
+    lowest_capture,
+)
+from eagle3.target_info import read_config
 
 
 @dataclass(frozen=True)
@@ -110,3 +125,143 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
         hidden_act=str(target_cfg.get("hidden_act", "silu")),
         **{name: bool(o.get(name, False)) for name in LAYER_VARIANTS},
     )
+
+
+def config_geometry(model: Mapping[str, Any]) -> DraftGeometry:
+    """The geometry stage train builds for the config's `model` node, without torch or the hub.
+
+    The target's fields come from its local `config.json` when `model.path` is a directory (as
+    train reads them), else from `model.num_layers` / `hidden_size` / `vocab_size`. An
+    `fc_in_features` that is not len(capture_layers) x the target's hidden size is left out (the
+    derived one is used): config validation reports it under its own key, and the geometry rules
+    then judge the rest as it would be once that is fixed.
+
+    Raises:
+        KeyError, TypeError, ValueError, ZeroDivisionError: values no geometry can be made of
+            (config validation reports those keys on their own).
+    """
+    target = read_config(str(model["path"]), model.get("text_config_key")) or {
+        "num_hidden_layers": model["num_layers"], "hidden_size": model["hidden_size"],
+        "vocab_size": model["vocab_size"]}
+    draft = dict(model.get("draft") or {})
+    if draft.get("fc_in_features") != len(model["capture_layers"]) * int(target["hidden_size"]):
+        draft["fc_in_features"] = None
+    return geometry_from_target(target, model["capture_layers"], int(draft["vocab_size"]), draft)
+
+
+@dataclass(frozen=True)
+class GeometryRefusal:
+    """Why an engine cannot serve a geometry as trained: one field, what it holds, what would do.
+
+    Attributes:
+        field: The `DraftGeometry` field at fault.
+        found: Its value, as the messages show it.
+        expected: What would be served (written to read after "expected" and after "valid:").
+        why: What the engine would do with it instead.
+    """
+
+    field: str
+    found: str
+    expected: str
+    why: str
+
+    @property
+    def config_key(self) -> str:
+        """The config key that sets `field` (the target's own fields: `model.path`)."""
+        return _CONFIG_KEYS.get(self.field, f"model.draft.{self.field}")
+
+    def message(self) -> str:
+        """`found X, expected Y (why)`, the tail of the export's one-line error."""
+        return f"found {self.found}, expected {self.expected} ({self.why})"
+
+
+# Geometry fields whose config key is not `model.draft.<field>`; `model.path` = the target's config.json.
+_CONFIG_KEYS = {"capture_layers": "model.capture_layers", "draft_vocab_size": "model.draft.vocab_size",
+                "hidden_act": "model.path", "rope_scaling": "model.path"}
+
+
+def _capture_refusals(g: DraftGeometry, engine: str) -> list[GeometryRefusal]:
+    capture, n_layers = list(g.capture_layers), g.target_num_layers
+    valid_ids = f"ids in [0, {n_layers - 1}], e.g. {default_capture_layers(n_layers)}"
+    if not capture:
+        return [GeometryRefusal("capture_layers", "[]", f"at least one layer: {valid_ids}",
+                                "the draft's fc reads the captured layers")]
+    out = [GeometryRefusal("capture_layers", str(capture), valid_ids,
+                           f"layer {layer} is out of range for a {n_layers}-layer model "
+                           "(capture i = the residual stream entering decoder layer i)")
+           for layer in capture if not 0 <= layer < n_layers][:1]
+    if capture != sorted(set(capture)):
+        out.append(GeometryRefusal("capture_layers", str(capture), "strictly increasing layers without repeats",
+                                   "one target hidden state per captured layer, in layer order"))
+    wanted = ENGINE_NUM_CAPTURES[engine]
+    if wanted is not None and len(capture) != wanted:
+        out.append(GeometryRefusal("capture_layers", f"{len(capture)} layers {capture}",
+                                   f"{wanted} layers for {engine}",
+                                   f"{engine}'s llama_eagle3 builds fc as Linear({wanted} * target_hidden_size, H) "
+                                   "whatever the config says; "
+                                   + ", ".join(e for e, n in ENGINE_NUM_CAPTURES.items() if n is None)
+                                   + " reads any number"))
+    low = lowest_capture(engine)
+    if 0 <= min(capture) < low:  # a negative capture is out of range above
+        ids = engine_aux_layer_ids(capture, engine)
+        out.append(GeometryRefusal("capture_layers", f"{capture} ({engine} ids {ids})",
+                                   f"layers >= {low} for {engine}",
+                                   f"{engine} adds {low} to the ids it reads, so capture {min(capture)} has no id"))
+    if g.fc_in_features % len(capture):
+        out.append(GeometryRefusal("fc_in_features", str(g.fc_in_features),
+                                   f"a multiple of len(capture_layers)={len(capture)}",
+                                   "one target hidden state per captured layer"))
+    return out
+
+
+def geometry_refusals(g: DraftGeometry, engine: str, include_embedding: bool = False) -> list[GeometryRefusal]:
+    """Every reason `engine` cannot serve `g` as trained (empty: it can), in the order checked.
+
+    Args:
+        include_embedding: Whether the export carries the draft's own `embed_tokens` (stage train's
+            never does: the draft trains on the target's frozen embedding).
+    """
+    out = _capture_refusals(g, engine)
+    for name in variant_engines_refusing(g.variants(), [engine]).get(engine, []):
+        out.append(GeometryRefusal(name, "true", f"false for {engine}",
+                                   f"{engine}'s llama_eagle3 has no such option and would run the plain layer; "
+                                   f"{'/'.join(VARIANT_ENGINES[name])} serves it"))
+    if g.norm_before_fc and g.fc_norm:
+        out.append(GeometryRefusal("fc_norm", "true with norm_before_fc true", "false, or norm_before_fc false",
+                                   "fc_norm normalises each captured state before fc and norm_before_fc their "
+                                   "concatenation: set one"))
+    if g.hidden_act != "silu":
+        out.append(GeometryRefusal("hidden_act", repr(g.hidden_act), "'silu'",
+                                   "the draft MLP is SiLU-gated; the engine would apply the written activation"))
+    if g.rope_scaling is not None:
+        out.append(GeometryRefusal("rope_scaling", json.dumps(g.rope_scaling), "null",
+                                   "the draft trains with plain rope; the engine would apply the scaling"))
+    if g.draft_vocab_size > g.vocab_size:
+        out.append(GeometryRefusal("draft_vocab_size", str(g.draft_vocab_size), f"<= {g.vocab_size}",
+                                   f"larger than the target vocab ({g.vocab_size})"))
+    target_hidden = g.fc_in_features // max(len(g.capture_layers), 1)  # unknown without captures
+    if not include_embedding and g.capture_layers and g.hidden_size != target_hidden:
+        out.append(GeometryRefusal("hidden_size", str(g.hidden_size),
+                                   f"{target_hidden} (the target's hidden size, fc_in_features / captures)",
+                                   "the draft reads the target's embedding, which the engines share with it only "
+                                   "at equal width (an export with include_embedding=True carries its own)"))
+    return out
+
+
+def engines_refusing(g: DraftGeometry, engines=ENGINES,
+                     include_embedding: bool = False) -> dict[str, list[GeometryRefusal]]:
+    """`{engine: its refusals}` for the engines of `engines` that cannot serve `g` (`geometry_refusals`)."""
+    refused = {engine: geometry_refusals(g, engine, include_embedding) for engine in engines}
+    return {engine: why for engine, why in refused.items() if why}
+
+
+def config_refusals(model: Any) -> dict[str, list[GeometryRefusal]]:
+    """`engines_refusing` for the draft stage train would build from the config's `model` node
+    (`config_geometry`); empty when its values make no geometry (their own rules report them)."""
+    try:
+        if OmegaConf.is_config(model):
+            model = OmegaConf.to_container(model, resolve=True)
+        g = config_geometry(model)
+    except (OmegaConfBaseException, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return {}
+    return engines_refusing(g, ENGINES)

@@ -30,7 +30,7 @@ from eagle3.extract.sources import HFStates
 from eagle3.extract.store import HiddenStateStore, StoreSpec
 from eagle3.extract.target import check_geometry, load_target
 from eagle3.paths import CONF_DIR
-from eagle3.target_info import weights_identity
+from eagle3.target_info import target_identity
 
 
 def demo_records(n: int, tokenizer_dir: str) -> list[dict]:
@@ -123,7 +123,7 @@ def main() -> None:
             merged = tmp / "merged"
             write_split_files(merged, demo_records(args.demo_samples, m.path), n_eval=max(args.demo_samples // 10, 1))
         for fmt in args.formats.split(","):
-            spec = StoreSpec(model=m.name, target=weights_identity(m.path, m.revision, m.dtype),
+            spec = StoreSpec(model=m.name, target={**target_identity(m.path, m.revision), "dtype": m.dtype},
                              capture_layers=tuple(m.capture_layers), storage_format=fmt, hidden_size=int(m.hidden_size))
             store_dir = tmp / "stores" / spec.dirname
             job = UnitJob(merged_dir=merged, store_dir=store_dir, spec=spec, shard=0, num_shards=1,

@@ -9,7 +9,10 @@ Order of work, chosen so every failure happens as early and as cheaply as possib
    states for and non-finite ones, write one shard per batch and index it.
 
 Per batch the order is: shard (atomic) + index line, then the unit's `keys.jsonl` lines and
-rejects. A kill between the two leaves stored samples that the rerun finds and reuses.
+rejects. A kill between the two leaves stored samples that the rerun finds and does not extract
+again; the index line names the unit they were extracted for, so the rerun still counts them as
+extracted by this unit (not reused), and a killed-and-resumed unit's manifest counts equal an
+uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -128,7 +131,10 @@ def run_extraction(job: UnitJob, out: StageOutput) -> dict[str, Any]:
                 if store.input_ids(key).tolist() != ids:
                     out.reject(rid, "stored_ids_mismatch", f"store entry {key} holds other token ids", split=split)
                 else:
-                    keys.write({"id": rid, "key": key, "split": split, "seq_len": len(ids), "reused": True})
+                    # Stored by this same unit (a killed earlier run) is this unit's extraction, so a
+                    # resumed unit counts what an uninterrupted one would; only another's is reuse.
+                    reused = store.entries[key].unit != out.dir.name
+                    keys.write({"id": rid, "key": key, "split": split, "seq_len": len(ids), "reused": reused})
             else:
                 todo.setdefault(key, Work(key, np.asarray(ids, dtype=np.int32))).samples.append((rid, split))
 
@@ -167,7 +173,7 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
                 ids = torch.as_tensor(w.input_ids)
                 encoded[w.key] = (codec.encode(aux, final, ids, job.spec.storage_format), len(w.input_ids))
             if encoded:
-                writer.write_shard(encoded)
+                writer.write_shard(encoded, unit=out.dir.name)
             for w in items:
                 for rid, split in w.samples:
                     if w.key in encoded:

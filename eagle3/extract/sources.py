@@ -147,7 +147,7 @@ def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
 @contextlib.contextmanager
 def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
     """Base URLs of the extraction servers: `extract.server.urls`, or one launched for the block."""
-    from eagle3.serving.process import ServerProcess, check_health
+    from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     server = cfg.extract.server
     if server.urls:
@@ -157,7 +157,8 @@ def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
     exchange_dir(cfg).mkdir(parents=True, exist_ok=True)
     log_path = Path(run_dir) / f"extract-{command.log_name}"
     log.info("extract: starting the vLLM server that hands out hidden states: %s (log %s)", command.shell(), log_path)
-    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s)) as proc:
+    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
+                       records_dir=records_dir(cfg)) as proc:
         yield [proc.url]
 
 

@@ -15,6 +15,16 @@ and a reader sees the union of all index files. A shard is written to a temp nam
 (`atomic_path`), and only then is its index line appended: an index line always names a
 complete shard. A kill can leave a torn last index line (skipped by readers, cut by the next
 writer of that job) or an unindexed shard (ignored; rewritten by the rerun).
+
+Each index line records its shard's sha256, and a reader hashes a shard the first time its
+process opens it (`HiddenStateStore._handle`): a same-size change (bit rot, an overwrite) is
+refused with one line naming the shard, never read as hidden states. Why on first open and not
+on every open, nor when the store is opened: hashing a 600 GB store up front would cost minutes
+(sha256 runs at roughly 1 GB/s per core) before the first batch, and rehashing on every reopen of
+an evicted handle would multiply that; once per shard per process is one sequential read of each
+shard, where serving a sample reads only its slice. The cost that remains: DataLoader workers are
+processes, so with N workers a shard can be hashed up to N times in a job's first epoch. Index
+lines written before shards were hashed carry no sha256 and are read unverified.
 """
 
 from __future__ import annotations
@@ -31,7 +41,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from eagle3.artifacts import fingerprint
+from eagle3.artifacts import file_sha256, fingerprint
+from eagle3.errors import Eagle3Error
 from eagle3.extract import codec, formats
 from eagle3.serving.engines import IN_PROCESS
 
@@ -101,6 +112,10 @@ def shard_of(key: str, num_shards: int) -> int:
     return int(key[:8], 16) % num_shards
 
 
+class ShardCorrupt(Eagle3Error):
+    """A shard's bytes are not the ones its index line recorded (sha256 differs)."""
+
+
 @dataclass
 class IndexEntry:
     """Where one stored sample lives, and what its storage cost in precision."""
@@ -109,6 +124,7 @@ class IndexEntry:
     seq_len: int
     err_max: tuple[float, float] = (0.0, 0.0)  # worst per-token relative error (aux, final)
     err_sum: tuple[float, float] = (0.0, 0.0)  # sum over tokens (aux, final)
+    unit: str | None = None  # the extract unit (directory name) it was extracted for, if recorded
 
 
 def _read_index(path: Path) -> Iterable[dict[str, Any]]:
@@ -139,6 +155,8 @@ class HiddenStateStore:
         self.capture_layers = [int(i) for i in self.meta["capture_layers"]]
         self.max_open = max_open
         self._handles: OrderedDict[str, Any] = OrderedDict()
+        self._sha256: dict[str, str | None] = {}  # shard -> sha256 its (last) index line recorded
+        self._verified: set[str] = set()  # shards this process (or the one it forked from) hashed
         self._pid = os.getpid()
         self.entries: dict[str, IndexEntry] = {}
         self.refresh()
@@ -152,6 +170,7 @@ class HiddenStateStore:
         """Re-read the index files (another job may have added shards)."""
         entries: dict[str, IndexEntry] = {}
         sizes: dict[str, int | None] = {}
+        hashes: dict[str, str | None] = {}
         for index_file in sorted((self.dir / "index").glob("*.jsonl")):
             for line in _read_index(index_file):
                 shard = line["shard"]
@@ -162,12 +181,14 @@ class HiddenStateStore:
                     log.warning("store %s: shard %s is missing or has the wrong size; its %d "
                                 "samples count as not stored", self.dir, shard, len(line["samples"]))
                     continue
+                hashes[shard] = line.get("sha256")  # a rewritten shard's newest line describes it
                 for key, info in line["samples"].items():
                     entries.setdefault(key, IndexEntry(
                         shard=shard, seq_len=int(info["seq_len"]),
                         err_max=tuple(info.get("err_max", (0.0, 0.0))),
-                        err_sum=tuple(info.get("err_sum", (0.0, 0.0)))))
+                        err_sum=tuple(info.get("err_sum", (0.0, 0.0))), unit=line.get("unit")))
         self.entries = entries
+        self._sha256 = hashes
 
     def __contains__(self, key: object) -> bool:
         return key in self.entries
@@ -183,6 +204,8 @@ class HiddenStateStore:
             self._pid = os.getpid()
         handle = self._handles.get(shard)
         if handle is None:
+            if shard not in self._verified:
+                self._verify(shard)
             handle = safe_open(str(self.dir / shard), framework="pt")
             self._handles[shard] = handle
             while len(self._handles) > self.max_open:
@@ -190,6 +213,18 @@ class HiddenStateStore:
         else:
             self._handles.move_to_end(shard)
         return handle
+
+    def _verify(self, shard: str) -> None:
+        """Hash a shard once per process before reading from it (see the module docstring)."""
+        expected = self._sha256.get(shard)
+        if expected is not None:
+            path = self.dir / shard
+            actual = file_sha256(path)
+            if actual != expected:
+                raise ShardCorrupt(
+                    f"hidden-state store shard {path} is corrupt: sha256 is {actual}, its index line says "
+                    f"{expected}; delete it, then rerun stage=extract with force=true to extract its samples again")
+        self._verified.add(shard)
 
     def raw(self, key: str) -> dict[str, torch.Tensor]:
         """The stored tensors of one sample (suffix -> tensor), as written."""

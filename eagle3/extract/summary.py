@@ -1,7 +1,9 @@
 """What an extracted unit says about itself: counts, reuse, cost per token, stored error, engine ids.
 
 Checked before it is written: every sample the unit recorded must be in the store, so a manifest
-never claims states that are gone.
+never claims states that are gone. `counts` describe the unit, whatever runs it took: `extracted`
+is what this unit put in the store (an earlier, killed run of it included), `reused` what another
+unit had stored; figures of the last run alone end in `_this_run` in `extra`.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def unit_summary(job: UnitJob, out: StageOutput, stats: dict[str, Any]) -> dict[
         "tokens": tokens,
         "tokens_extracted": tokens_extracted,
         "tokens_reused": tokens - tokens_extracted,
+        # This run's own work: less than tokens_extracted after a kill (the stored part is kept).
+        "tokens_extracted_this_run": stats["tokens_this_run"],
         "unit_store_bytes_estimate": tokens * bpt[spec.storage_format] + len(rows) * formats.SAMPLE_OVERHEAD_BYTES,
         "store_samples_total": len(store),
         # Per-token relative L2 error of what is stored vs what the target computed.

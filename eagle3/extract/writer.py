@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from eagle3.artifacts import atomic_path, atomic_write_json, is_temp_name
+from eagle3.artifacts import atomic_path, atomic_write_json, file_sha256, is_temp_name
 from eagle3.artifacts.locks import exclusive_lock
 from eagle3.extract import codec
 from eagle3.extract.store import STORE_FILE, StoreSpec
@@ -92,11 +92,14 @@ class StoreWriter:
                     fh.truncate(good)
                     os.fsync(fh.fileno())
 
-    def write_shard(self, samples: dict[str, tuple[codec.Encoded, int]]) -> str:
+    def write_shard(self, samples: dict[str, tuple[codec.Encoded, int]], unit: str | None = None) -> str:
         """Write one shard atomically, then index it.
 
         Args:
             samples: key -> (encoded tensors, seq_len).
+            unit: The unit directory name the samples are extracted for, recorded in the index
+                line, so a rerun of that unit after a kill counts them as its own extractions
+                rather than as reuse of another unit's.
 
         Returns:
             The shard path relative to the store directory.
@@ -114,13 +117,15 @@ class StoreWriter:
             with atomic_path(path) as tmp:
                 save(tensors, str(tmp), metadata={"format": self.spec.storage_format,
                                                   "store": self.spec.fingerprint})
+                digest = file_sha256(tmp)  # just written, so read back from the page cache
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DiskFull(errno.ENOSPC, f"no space left on the store's filesystem while writing "
-                               f"{path} ({len(samples)} samples)") from exc
+                               f"{path} ({len(samples)} samples); free space and rerun: it resumes "
+                               "from the complete shards") from exc
             raise
         rel = path.relative_to(self.directory).as_posix()
-        line = {"shard": rel, "bytes": path.stat().st_size, "samples": {
+        line = {"shard": rel, "bytes": path.stat().st_size, "sha256": digest, "unit": unit, "samples": {
             key: {"seq_len": n, "err_max": list(enc.rel_err_max), "err_sum": list(enc.rel_err_sum)}
             for key, (enc, n) in samples.items()}}
         data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
@@ -143,7 +148,19 @@ class StoreWriter:
                 if p.relative_to(self.directory).as_posix() not in known]
 
 
+#: How safetensors' Rust writer spells ENOSPC: it raises SafetensorError (not an OSError) whose
+#: message carries the OS error, e.g. "I/O error: No space left on device (os error 28)".
+_RUST_ENOSPC = f"(os error {errno.ENOSPC})"
+
+
 def _safetensors_save(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+    """`safetensors.torch.save_file`, with a full disk turned into the OSError(ENOSPC) it is."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file(tensors, path, metadata=metadata)
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as exc:
+        if _RUST_ENOSPC in str(exc):
+            raise OSError(errno.ENOSPC, str(exc), path) from exc
+        raise

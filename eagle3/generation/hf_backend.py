@@ -69,6 +69,9 @@ class HFBackend:
     """
 
     name = "hf"
+    #: Batched sampling draws from one RNG stream over the padded batch: a request's answer
+    #: depends on its batch-mates, so a rerun re-runs whole batches.
+    independent_requests = False
 
     def __init__(self, path: str, revision: Optional[str] = None, dtype: str = "float32",
                  trust_remote_code: bool = False, device: Optional[str] = None) -> None:

@@ -16,17 +16,22 @@ can call `generate` at once and the requests of all their batches share the endp
   aborted or unreadable responses are retried up to `max_attempts` with exponential backoff and
   jitter (a `Retry-After` header is honoured up to the cap). A prompt the server says is too
   long comes back as `error="prompt_too_long"`; a request that still fails comes back as
-  `error="request_failed"` with the last error in `error_detail`, and the stage rejects its
-  conversation (rejects.jsonl) without stopping. Only when `max_consecutive_failures` requests
-  in a row failed for good (the endpoints are down, not one request bad) does `generate`
-  raise BackendUnavailable, so a dead server stops the run instead of rejecting the rest of
-  the data; a rerun resumes.
+  `error="request_failed"` with the last error in `error_detail`, and the stage leaves its
+  conversation undone (not rejected) and goes on; the unit then ends unfinished, for a rerun.
+  Only when `max_consecutive_failures` requests in a row failed for good (the endpoints are
+  down, not one request bad) does `generate` raise BackendUnavailable, so a dead server stops
+  the run instead of failing the rest of the data; a rerun resumes.
+* **Unusable answers.** A 200 reply that is not valid UTF-8, or whose finish reason is none of
+  stop/length/tool_calls, comes back as `error="invalid_utf8"` / `"unknown_finish_reason"`: the
+  server answered (it is not down), so this is not retried, and the stage rejects the
+  conversation rather than train on replacement characters or a turn of unknown ending.
 
 Determinism: the body of a request is a pure function of the request and `SamplingParams`
 (the seed is derived per request from the batch seed and the request id), whichever endpoint,
 attempt or thread sends it. Whether the server then samples deterministically is the server's
 business (vLLM and SGLang honour `seed`); resume never depends on it (the stage skips ids it
-has written).
+has written). Since a request's body does not depend on the other requests of its batch, the
+backend says `independent_requests`: a rerun sends only the conversations still missing.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from eagle3.generation.openai_chat import (
     to_result,
 )
 from eagle3.generation.types import (
+    ERROR_INVALID_UTF8,
     ERROR_PROMPT_TOO_LONG,
     ERROR_REQUEST_FAILED,
     BackendUnavailable,
@@ -108,6 +114,10 @@ class HTTPBackend:
     never needs a server.
     """
 
+    #: Each request is seeded on its own (`openai_chat.request_seed`): its answer does not depend on
+    #: which other requests share its `generate` call.
+    independent_requests = True
+
     def __init__(self, settings: HTTPSettings,
                  token_counter: Optional[Callable[[GenerationRequest], int]] = None) -> None:
         """
@@ -130,6 +140,7 @@ class HTTPBackend:
         self._semaphores: dict[Partition, asyncio.Semaphore] = {}
         self._closed = False
         self._fatal: Optional[BackendUnavailable] = None
+        self._tasks: set[asyncio.Task] = set()  # requests in flight, of every caller (loop thread only)
         self._consecutive_failures = 0
         self.model: Optional[str] = settings.model
         self.counters: Counter[str] = Counter()
@@ -244,12 +255,17 @@ class HTTPBackend:
 
     async def _generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[GenerationResult]:
         tasks = [asyncio.ensure_future(self._one(r, params)) for r in requests]
+        self._tasks.update(tasks)
         try:
             return list(await asyncio.gather(*tasks))
-        except BaseException:
+        except asyncio.CancelledError:
+            if self._fatal is not None and not self._closed:  # cut short by the stop, not by the caller
+                raise self._fatal from None
+            raise
+        finally:
             for task in tasks:
                 task.cancel()
-            raise
+            self._tasks.difference_update(tasks)
 
     def _partition_for(self, tokens: int) -> Optional[Partition]:
         for part in self._partitions:
@@ -315,7 +331,10 @@ class HTTPBackend:
                     break
                 continue
             endpoint.ok += 1
-            self._consecutive_failures = 0
+            self._consecutive_failures = 0  # the server answered, even if the answer is unusable
+            if result.error is not None:  # invalid_utf8 / unknown_finish_reason: the stage rejects it
+                self.counters["unusable"] += 1
+                return result
             self.counters["ok"] += 1
             self.counters["completion_tokens"] += result.completion_tokens
             self.counters["prompt_tokens"] += result.prompt_tokens
@@ -327,9 +346,16 @@ class HTTPBackend:
         if limit and self._consecutive_failures >= limit and self._fatal is None:
             self._fatal = BackendUnavailable(
                 f"server.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
-                f"{settings.max_attempts} attempts each (last: {failure.kind}: {failure.detail}); the endpoints "
+                f"{settings.max_attempts} attempts each (last: {failure.kind}: {' '.join(failure.detail.split())}); "
+                f"the endpoints "
                 f"{', '.join(settings.urls)} look down. Stopping; a rerun resumes where this one stopped "
                 "(generate.http.max_consecutive_failures)")
+            # The other requests in flight would only wait out timeouts or backoffs of a dead server:
+            # end them now, so every caller stops at once (with what its batch had finished).
+            current = asyncio.current_task()
+            for task in list(self._tasks):
+                if task is not current:
+                    task.cancel()
             raise self._fatal
         return GenerationResult(id=request.id, error=ERROR_REQUEST_FAILED, prompt_tokens=tokens,
                                 error_detail=f"{failure.kind}: {failure.detail} (attempt {attempt} of "
@@ -358,7 +384,15 @@ class HTTPBackend:
         finally:
             endpoint.inflight -= 1
             self.inflight -= 1
-        text = raw.decode("utf-8", errors="replace")
+        if status == 200:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:  # an answer, not an outage: reject, do not retry
+                return GenerationResult(
+                    id=request.id, error=ERROR_INVALID_UTF8,
+                    error_detail=f"{endpoint.url}: reply byte {exc.start} of {len(raw)}: {exc.reason}")
+        else:  # error text only goes into messages: a replacement character there harms nothing
+            text = raw.decode("utf-8", errors="replace")
         if status != 200:
             if is_context_error(status, text):
                 raise _Failure(ERROR_PROMPT_TOO_LONG, f"HTTP {status}: {text[:ERROR_TEXT_CHARS]}", retryable=False)
@@ -376,6 +410,7 @@ class HTTPBackend:
         c = self.counters
         return {
             "requests_ok": c["ok"], "requests_failed": c["failed"], "prompt_too_long": c["prompt_too_long"],
+            "unusable_answers": c["unusable"],
             "retries": c["retries"], "errors": dict(sorted(self.errors.items())),
             "completion_tokens": c["completion_tokens"], "prompt_tokens": c["prompt_tokens"],
             "seconds": round(seconds, 3),

@@ -20,7 +20,10 @@ import re
 from typing import Any, Optional, Sequence
 
 from eagle3.generation.types import (
+    ERROR_INVALID_UTF8,
+    ERROR_UNKNOWN_FINISH,
     FINISH_LENGTH,
+    FINISH_REASONS,
     FINISH_STOP,
     FINISH_TOOL_CALLS,
     GenerationRequest,
@@ -175,7 +178,11 @@ def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
     """A chat-completions response -> GenerationResult in canonical form.
 
     `length` wins over `tool_calls` (a cut tool-call section is not a complete call); a message
-    with tool calls ends in `tool_calls` whatever the server says (some say `stop`).
+    with tool calls ends in `tool_calls` whatever the server says (some say `stop`). A finish
+    reason that is missing or none of FINISH_REASONS says nothing about how the turn ended, so
+    the result is `error=unknown_finish_reason` (the stage rejects the conversation), as is a
+    message that cannot be written as UTF-8 (`\\ud800` escapes decode to lone surrogates):
+    `invalid_utf8`.
 
     Raises:
         BadResponse: The body has no usable choice, or the server aborted the request.
@@ -193,16 +200,21 @@ def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
     if finish in RETRYABLE_FINISH:
         raise BadResponse(f"the server ended the request with finish_reason={finish!r}")
     message = to_message(raw, request.thinking)
-    if finish == FINISH_LENGTH:
-        finish = FINISH_LENGTH
-    elif message.get("tool_calls"):
-        finish = FINISH_TOOL_CALLS
-    else:
-        finish = FINISH_STOP
     usage = data.get("usage") or {}
-    return GenerationResult(id=request.id, message=message, finish_reason=finish,
-                            completion_tokens=int(usage.get("completion_tokens") or 0),
-                            prompt_tokens=int(usage.get("prompt_tokens") or 0))
+    tokens = {"completion_tokens": int(usage.get("completion_tokens") or 0),
+              "prompt_tokens": int(usage.get("prompt_tokens") or 0)}
+    if finish not in FINISH_REASONS:
+        return GenerationResult(id=request.id, error=ERROR_UNKNOWN_FINISH, error_detail=f"finish_reason={finish!r}",
+                                **tokens)
+    try:
+        json.dumps(message, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return GenerationResult(id=request.id, error=ERROR_INVALID_UTF8,
+                                error_detail=f"the message holds {exc.object[exc.start:exc.end]!r}: {exc.reason}",
+                                **tokens)
+    if finish != FINISH_LENGTH:  # a `tool_calls` finish without calls is a plain stop
+        finish = FINISH_TOOL_CALLS if message.get("tool_calls") else FINISH_STOP
+    return GenerationResult(id=request.id, message=message, finish_reason=finish, **tokens)
 
 
 def is_context_error(status: int, text: str) -> bool:

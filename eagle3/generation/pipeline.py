@@ -14,6 +14,16 @@ order, so the output file has the same order as a sequential run and a kill leav
 (plus at worst a part of one batch), which the rerun completes by id: nothing lost, nothing
 written twice. Finished batches may wait behind a slow one (up to WRITE_WINDOW x inflight
 batches), so one stalled request does not idle the rest.
+
+A server outage loses nothing: a conversation whose request failed after all retries is left
+undone (not rejected), the run goes on, and at the end the unit is not finalized
+(GenerationIncomplete: how many, the last error, rerun). When the backend stops altogether
+(BackendUnavailable: too many failures in a row), no further batch starts, what the batches in
+flight did finish is written, and the run stops. The rerun regenerates exactly what is missing
+(only those conversations, for a backend of independent requests) and, since they come after
+everything else, restores the input order of both files before finalizing: the unit is then
+byte-equal to one that never saw the outage. `request_failed` rejects an earlier version wrote
+are taken back out of rejects.jsonl on resume, so those conversations are retried too.
 """
 
 from __future__ import annotations
@@ -23,14 +33,15 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
 from eagle3.generation.factory import make_backend
-from eagle3.generation.regenerate import GenerateSettings, Outcome, regenerate_batch
+from eagle3.generation.regenerate import BatchInterrupted, GenerateSettings, Outcome, regenerate_batch
 from eagle3.generation.reuse import EarlierGenerations, chunks
+from eagle3.generation.types import RETRYABLE_REJECT_REASONS, BackendUnavailable, GenerationIncomplete
 
 __all__ = ["WRITE_WINDOW", "generate_file", "inflight_batches", "settings_for"]
 
@@ -95,9 +106,19 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
 
     Returns:
         The manifest `extra`: totals over the output and this run's throughput.
+
+    Raises:
+        GenerationIncomplete: Some conversations failed after all retries (left undone; the
+            unit is not finalized and a rerun retries exactly them).
+        BackendUnavailable: The backend stopped (the endpoints look down, or none answered);
+            what was finished is written, the rest is left for a rerun.
     """
     settings = settings_for(cfg, unit)
     writer = out.records(output_name)
+    retried = out.rejects.drop(lambda r: r.get("reason") in RETRYABLE_REJECT_REASONS)
+    if retried:
+        log.warning("generate %s: %d conversation(s) an earlier version rejected as %s are retried", unit,
+                    len(retried), "/".join(sorted(RETRYABLE_REJECT_REASONS)))
     batch_size = int(cfg.generate.batch_size)
     if earlier and earlier.covers(source, batch_size, out.is_done):
         backend: Any = _NoModel(cfg.server.backend)  # every batch is copied: load nothing
@@ -107,7 +128,9 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
     live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
     log_every = float(cfg.generate.http.log_every_s)
     run = Counter()
-    seen: set = set()
+    rank: dict[Any, int] = {}  # id -> position in the source: the order both files end in
+    failed: list[Any] = []  # details of conversations left undone by failed requests
+    stopped: Optional[BackendUnavailable] = None
     started = time.perf_counter()
     first_run: Optional[float] = None
     last_log = started
@@ -121,6 +144,9 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
             run["tokens"] += outcome.completion_tokens
             if out.is_done(outcome.id):
                 continue  # written by the killed run; the batch only re-ran to reproduce the rest
+            if outcome.retryable:  # the server failed, not the conversation: left for the rerun
+                failed.append(outcome.detail)
+                continue
             if outcome.record is not None:
                 writer.write(outcome.record)
             else:
@@ -139,9 +165,18 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
         if live is not None and time.perf_counter() - last_log >= log_every:
             log_progress(postfix)
 
+    def outcomes_of(run_batch: Callable[[], list[Outcome]]) -> list[Outcome]:
+        """A batch's outcomes; if the backend stopped during it, those that had ended (and note the stop)."""
+        nonlocal stopped
+        try:
+            return run_batch()
+        except BatchInterrupted as exc:
+            stopped = stopped or exc.cause
+            return exc.outcomes
+
     def flush_head() -> None:
         n_batch, done_fresh, future = pending.popleft()
-        write(n_batch, done_fresh, future.result(), generated=not getattr(future, "reused", False))
+        write(n_batch, done_fresh, outcomes_of(future.result), generated=not getattr(future, "reused", False))
 
     def log_progress(postfix: dict[str, str]) -> None:
         """One line for logs of batch jobs, where the progress bar is off."""
@@ -158,10 +193,10 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
             out.count_in(len(batch))
             fresh = []
             for record in batch:  # prep's ids are unique; a repeat would be written twice
-                if record["id"] in seen:
+                if record["id"] in rank:
                     out.count_reject("duplicate_id")
                 else:
-                    seen.add(record["id"])
+                    rank[record["id"]] = len(rank)
                     fresh.append(record)
             if all(out.is_done(r["id"]) for r in fresh):
                 run["batches_skipped"] += 1
@@ -180,19 +215,30 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
             else:
                 if first_run is None:
                     first_run = time.perf_counter()
+                done = {r["id"] for r in fresh if out.is_done(r["id"])}  # not sent again where they need not be
                 if executor is None:
-                    write(len(batch), fresh, regenerate_batch(backend, fresh, settings))
+                    write(len(batch), fresh, outcomes_of(lambda: regenerate_batch(backend, fresh, settings, done)))
+                    if stopped is not None:
+                        break
                     continue
-                pending.append((len(batch), fresh, executor.submit(regenerate_batch, backend, fresh, settings)))
+                pending.append((len(batch), fresh,
+                                executor.submit(regenerate_batch, backend, fresh, settings, done)))
             # Write in batch order (the file order never depends on timing), as soon as the head
             # is done. Up to `window` batches are queued or finished-but-unwritten, so one slow
             # batch at the head does not idle the other workers (nor holds many copied ones).
-            while pending and (pending[0][2].done() or len(pending) >= window):
+            while pending and stopped is None and (pending[0][2].done() or len(pending) >= window):
                 flush_head()
+            if stopped is not None:
+                break
         while pending:
-            flush_head()
+            if stopped is not None and pending[0][2].cancel():
+                pending.popleft()  # not started: its conversations stay undone
+                continue
+            flush_head()  # finished or running: what it completes is written
         if live is not None and run["batches_run"]:
             log_progress(live())
+        if stopped is not None:
+            raise stopped
     finally:
         for _, _, future in pending:
             future.cancel()
@@ -200,6 +246,16 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
         backend.close()  # also ends requests still in flight in other batches' threads
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+    if failed:
+        last = failed[-1].get("error") if isinstance(failed[-1], dict) else failed[-1]
+        last = " ".join(str(last).split())  # server error text may hold newlines; the message is one line
+        raise GenerationIncomplete(
+            f"generate {unit}: {len(failed)} conversation(s) failed after all retries "
+            f"({'/'.join(sorted(RETRYABLE_REJECT_REASONS))}; last: {last}); they are left undone, not rejected, and "
+            f"the unit is not finalized (manifest stays running): rerun the same command to retry them")
+    for records in (writer, out.rejects):  # conversations retried by a rerun were appended at the end
+        if records.reorder(rank):
+            log.info("generate %s: %s put back in input order", unit, records.path.name)
     stats = _file_stats(out, writer)
     out.count("length_cut_kept", stats["length_cut_kept"])
     out.count("assistant_turns", stats["turns"])

@@ -7,19 +7,27 @@ on the target's own earlier answers, exactly as they would in serving.
 
 A batch of conversations advances in lock-step, one user turn per round, with one `generate`
 call per round whose seed is derived from the batch's ids and the round. Nothing else feeds
-the sampler, so re-running a batch (after a kill) reproduces it exactly.
+the sampler, so re-running a batch (after a kill) reproduces it exactly. A backend whose requests
+are independent (`GenerationBackend.independent_requests`) need not re-run the conversations of
+the batch that are done: the others are sent alone, under the seed of the whole batch.
+
+A request that failed after its retries leaves its conversation *undone* (an Outcome with a
+retryable reason, which the stage does not write) rather than rejected: the server was down, the
+conversation is fine, and a rerun regenerates it.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import AbstractSet, Any, Optional, Sequence
 
 from eagle3.generation.types import (
     ERROR_PROMPT_TOO_LONG,
     FINISH_LENGTH,
     FINISH_TOOL_CALLS,
+    RETRYABLE_REJECT_REASONS,
+    BackendUnavailable,
     GenerationBackend,
     GenerationRequest,
     GenerationResult,
@@ -53,12 +61,13 @@ class GenerateSettings:
 
 @dataclass
 class Outcome:
-    """What became of one input conversation: an output record or a reject.
+    """What became of one input conversation: an output record, a reject, or a transient failure.
 
     Attributes:
         id: Conversation id.
-        record: The regenerated conversation, or None if rejected.
-        reason: Reject reason (`length_cut`, `empty_generation`, ...) or None.
+        record: The regenerated conversation, or None if rejected or failed.
+        reason: Reject reason (`length_cut`, `empty_generation`, ...), a retryable reason
+            (`request_failed`: not written, see `retryable`), or None.
         detail: Reject detail (turn, finish reason, tokens), plain data.
         generation: The `meta.generation` block (also kept with a reject, for statistics).
         completion_tokens: Tokens generated for this conversation, all turns.
@@ -70,6 +79,24 @@ class Outcome:
     detail: Any = None
     generation: dict[str, Any] = field(default_factory=dict)
     completion_tokens: int = 0
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the conversation failed for the server's sake: left undone for a rerun, not rejected."""
+        return self.record is None and self.reason in RETRYABLE_REJECT_REASONS
+
+
+class BatchInterrupted(BackendUnavailable):
+    """The backend stopped (went down, closed) in the middle of a batch.
+
+    Same message as the backend's error, so a caller that does not look inside still stops with
+    it; `outcomes` are the conversations of the batch that had ended before (written by the stage,
+    the rest left undone).
+    """
+
+    def __init__(self, cause: BackendUnavailable, outcomes: list[Outcome]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.outcomes = cause, outcomes
 
 
 def batch_seed(ids: Sequence[Any], turn: int, seed: int) -> int:
@@ -153,8 +180,9 @@ class _Conversation:
     def apply(self, turn: int, result: GenerationResult) -> None:
         """Take the target's answer to user turn `turn` and decide whether to continue."""
         if result.error is not None and result.error != ERROR_PROMPT_TOO_LONG:
-            # The request failed for good (server errors after all retries): the conversation
-            # cannot be regenerated as a whole, so it is rejected with the error, not cut short.
+            # The request failed after all retries (retryable: left undone, the unit is rerun), or the
+            # server's answer is unusable (a reject with the reason); either way the conversation
+            # cannot be regenerated as a whole, so it is not cut short here.
             self._reject(result.error, {"turn": turn, "error": result.error_detail,
                                         "prompt_tokens": result.prompt_tokens})
             return
@@ -187,24 +215,39 @@ class _Conversation:
 
 
 def regenerate_batch(backend: GenerationBackend, records: Sequence[dict[str, Any]],
-                     settings: GenerateSettings) -> list[Outcome]:
+                     settings: GenerateSettings, done: AbstractSet[Any] = frozenset()) -> list[Outcome]:
     """Regenerate every assistant turn of a batch of prompt-only conversations.
 
     All conversations of the batch advance together, one user turn per `generate` call, so the
     batch (and the seed of each call) is fixed by the input order alone.
 
+    Args:
+        backend: The target.
+        records: The batch, in input order (all of it: its ids seed every call).
+        settings: The run's knobs.
+        done: Ids already written; with a backend of independent requests they are not sent
+            again (the others re-run whole batches to reproduce them, and the caller skips them).
+
     Returns:
-        One Outcome per record, in input order.
+        One Outcome per record regenerated (all, or those not in `done`), in input order.
+
+    Raises:
+        BatchInterrupted: The backend stopped mid-batch; it carries the outcomes that had ended.
     """
     convs = [_Conversation(r, settings) for r in records]
     ids = [c.id for c in convs]
+    if done and getattr(backend, "independent_requests", False):
+        convs = [c for c in convs if c.id not in done]
     for turn in range(settings.max_user_turns):
         active = [c for c in convs if c.outcome is None]
         if not active:
             break
         params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                 top_p=settings.top_p, seed=batch_seed(ids, turn, settings.seed))
-        results = backend.generate([c.request(turn) for c in active], params)
+        try:
+            results = backend.generate([c.request(turn) for c in active], params)
+        except BackendUnavailable as exc:
+            raise BatchInterrupted(exc, [c.outcome for c in convs if c.outcome is not None]) from exc
         for conv, result in zip(active, results):
             conv.apply(turn, result)
     assert all(c.outcome is not None for c in convs), "a conversation neither finished nor was rejected"

@@ -13,7 +13,9 @@ differs in anything (the last, partial batch of the smaller sample, say) is gene
 
 Only complete earlier outputs are read (a running one is locked by its writer). Their output
 records are indexed by byte offset, not held in memory: a 100K-conversation file with long
-reasoning is gigabytes.
+reasoning is gigabytes. A reject an earlier version wrote for a server failure
+(`RETRYABLE_REJECT_REASONS`) is not an answer: it is never copied, so its batch is not held and
+is generated anew.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from eagle3.artifacts import (
     read_jsonl,
 )
 from eagle3.generation.regenerate import Outcome
+from eagle3.generation.types import RETRYABLE_REJECT_REASONS
 
 log = logging.getLogger("eagle3")
 
@@ -134,7 +137,8 @@ class EarlierGenerations:
             earlier = _Earlier(dir=directory, output_file=output, offsets=_index_lines(output))
             rejects = directory / REJECTS_NAME
             if rejects.is_file():
-                earlier.rejects = {str(r["id"]): r for r in read_jsonl(rejects)}
+                earlier.rejects = {str(r["id"]): r for r in read_jsonl(rejects)
+                                   if r.get("reason") not in RETRYABLE_REJECT_REASONS}
             earlier.batches = {batch_key(b) for b in chunks(read_jsonl(prompts), batch_size)}
             self._earlier.append(earlier)
         self.used: dict[str, int] = {}  # earlier output dir -> conversations taken from it

@@ -14,7 +14,15 @@ builds itself from the composed config (`from_config(cfg, urls)`).
 
 Determinism is part of the contract: a backend given the same requests in the same order with the
 same `SamplingParams.seed` returns the same results. The stage derives that seed from the batch's
-conversation ids, which is what makes a killed and resumed run equal an uninterrupted one.
+conversation ids, which is what makes a killed and resumed run equal an uninterrupted one. A
+backend whose answer to one request depends on that request and the seed alone, not on the rest
+of the batch (`independent_requests`, the HTTP backend: each request is seeded on its own), lets
+a rerun send only the conversations still missing; the others re-run whole batches.
+
+Failures come in two kinds. A request that failed after all its retries (the server was down,
+`ERROR_REQUEST_FAILED`) says nothing about its conversation: it is left undone for a rerun, never
+rejected (`RETRYABLE_REJECT_REASONS`). A server that answered with something unusable (an unknown
+finish reason, bytes that are not UTF-8) is not down: that conversation is rejected with the reason.
 """
 
 from __future__ import annotations
@@ -25,28 +33,46 @@ from typing import Any, Optional, Protocol, Sequence, runtime_checkable
 from eagle3.errors import Eagle3Error
 
 __all__ = [
+    "ERROR_INVALID_UTF8",
     "ERROR_PROMPT_TOO_LONG",
     "ERROR_REQUEST_FAILED",
+    "ERROR_UNKNOWN_FINISH",
     "FINISH_LENGTH",
     "FINISH_STOP",
     "FINISH_TOOL_CALLS",
     "BackendUnavailable",
+    "FINISH_REASONS",
     "GenerationBackend",
+    "GenerationIncomplete",
     "GenerationRequest",
     "GenerationResult",
+    "RETRYABLE_REJECT_REASONS",
     "SamplingParams",
 ]
 
 #: OpenAI finish reasons: the turn ended with the end-of-turn token / hit max_new_tokens / called tools.
 FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS = "stop", "length", "tool_calls"
+FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH, FINISH_TOOL_CALLS)
 #: `GenerationResult.error` values: the prompt does not fit the model's context (the stage keeps
-#: the turns answered so far) / the request failed for good after its retries (the stage
-#: rejects the conversation with this reason and `error_detail`).
+#: the turns answered so far) / the request failed after all its retries (the conversation is
+#: left undone for a rerun).
 ERROR_PROMPT_TOO_LONG, ERROR_REQUEST_FAILED = "prompt_too_long", "request_failed"
+#: `GenerationResult.error` values of an answer that cannot become training text (the stage
+#: rejects the conversation with this reason): the server's finish reason is none of
+#: FINISH_REASONS (or missing) / its reply is not valid UTF-8 (decoding would put U+FFFD into text).
+ERROR_UNKNOWN_FINISH, ERROR_INVALID_UTF8 = "unknown_finish_reason", "invalid_utf8"
+#: Reject reasons that mean "the server failed", not "the conversation is bad": never written by
+#: this version, and an output of an earlier one that holds them treats those ids as not done
+#: (resume retries them, reuse does not copy them).
+RETRYABLE_REJECT_REASONS = frozenset({ERROR_REQUEST_FAILED})
 
 
 class BackendUnavailable(Eagle3Error):
     """The configured backend cannot generate (yet); the message says what to use instead."""
+
+
+class GenerationIncomplete(BackendUnavailable):
+    """Some conversations of a unit failed after all retries; the unit stays running for a rerun."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +121,9 @@ class GenerationResult:
             `tool_calls`, since a cut tool-call section is not a complete call.
         completion_tokens: Generated tokens, the end-of-turn token included.
         prompt_tokens: Tokens of the rendered prompt.
-        error: Why the request has no answer (`prompt_too_long`, `request_failed`), else None;
-            then `message` is empty and the token counts are what was known.
+        error: Why the request has no usable answer (`prompt_too_long`, `request_failed`,
+            `unknown_finish_reason`, `invalid_utf8`), else None; then `message` is empty and
+            the token counts are what was known.
         text: The raw completion with control tokens, when the backend has it (debugging).
         error_detail: One line on the error (last HTTP status or exception, attempts), or None.
     """
@@ -113,9 +140,19 @@ class GenerationResult:
 
 @runtime_checkable
 class GenerationBackend(Protocol):
-    """A target that answers chat requests in batches (in-process or behind an HTTP server)."""
+    """A target that answers chat requests in batches (in-process or behind an HTTP server).
+
+    Attributes:
+        name: The `server.backend` name.
+        independent_requests: Whether a request's result depends only on the request and
+            `SamplingParams.seed`, not on the other requests of the call. True lets a rerun
+            send only the missing conversations of a batch (keeping the batch's seed); a
+            backend that samples a batch jointly (`hf`) says False, and its batches re-run whole.
+            Read with getattr(..., False): a backend that does not say is treated as joint.
+    """
 
     name: str
+    independent_requests: bool
 
     @classmethod
     def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "GenerationBackend":

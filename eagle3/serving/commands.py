@@ -31,7 +31,9 @@ Flags:
   the venv being the one `server.python` lives in -- with a draft (EAGLE-3 needs it) and without
   (the target alone decodes ~10x slower without Intel's OpenMP, which would fake a speedup).
 
-`server.env` is applied last (a key there wins); `server.extra_args` are appended verbatim.
+`server.env` is applied last (a key there wins); `server.extra_args` are appended verbatim, and a
+flag of `eagle3.serving.rules.RULED_FLAGS` there (checked by the same rules) replaces the one the
+launcher would derive (sm120's `--attention-backend triton` / `--mem-fraction-static 0.85` defaults).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from eagle3.serving.engines import (
     VLLM,
     VLLM_MODULE,
 )
-from eagle3.serving.rules import server_errors
+from eagle3.serving.rules import KERNELS, MEM_FRACTION, RULED_FLAGS, extra_arg_flags, server_errors
 
 __all__ = [
     "HiddenStateExport",
@@ -249,11 +251,12 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
              "--tp-size", str(server.tp), "--dp-size", str(server.dp), "--dtype", str(server.dtype)]
     if server.context_length is not None:
         argv += ["--context-length", str(server.context_length)]
+    flags, given = RULED_FLAGS[SGLANG], extra_arg_flags(server.extra_args)  # a flag in extra_args wins: not twice
     mem = server.mem_fraction_static
     if mem is None and sm120:
         mem = SM120_MAX_MEM_FRACTION  # SGLang's own choice can exceed what sm120 survives
-    if mem is not None:
-        argv += ["--mem-fraction-static", _num(mem)]
+    if mem is not None and flags[MEM_FRACTION] not in given:
+        argv += [flags[MEM_FRACTION], _num(mem)]
     if server.trust_remote_code:
         argv.append("--trust-remote-code")
     if server.reasoning_parser:
@@ -261,11 +264,12 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
     if server.tool_call_parser:
         argv += ["--tool-call-parser", str(server.tool_call_parser)]
     attention = kernels.attention_backend or (SM120_ATTENTION_BACKEND if sm120 else None)
-    for flag, value in (("--attention-backend", attention),
-                        ("--prefill-attention-backend", kernels.prefill_attention_backend),
-                        ("--decode-attention-backend", kernels.decode_attention_backend),
-                        ("--moe-runner-backend", kernels.moe_runner_backend)):
-        if value:
+    for name, value in (("attention_backend", attention),
+                        ("prefill_attention_backend", kernels.prefill_attention_backend),
+                        ("decode_attention_backend", kernels.decode_attention_backend),
+                        ("moe_runner_backend", kernels.moe_runner_backend)):
+        flag = flags[KERNELS + name]
+        if value and flag not in given:
             argv += [flag, str(value)]
     env: dict[str, str] = {}
     if sm120:
@@ -282,7 +286,7 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
         if spec.attention_mode:
             argv += ["--speculative-attention-mode", str(spec.attention_mode)]
         if kernels.draft_attention_backend:
-            argv += ["--speculative-draft-attention-backend", str(kernels.draft_attention_backend)]
+            argv += [flags[KERNELS + "draft_attention_backend"], str(kernels.draft_attention_backend)]
         if spec.algorithm == EAGLE3 and spec.eagle_topk == 1:
             env["SGLANG_ENABLE_SPEC_V2"] = "1"
     argv += [str(a) for a in server.extra_args]
@@ -345,8 +349,9 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
     context = hidden_states.max_model_len if hidden_states is not None else server.context_length
     if context is not None:
         argv += ["--max-model-len", str(context)]
-    if server.mem_fraction_static is not None:
-        argv += ["--gpu-memory-utilization", _num(server.mem_fraction_static)]
+    mem_flag = RULED_FLAGS[VLLM][MEM_FRACTION]
+    if server.mem_fraction_static is not None and mem_flag not in extra_arg_flags(server.extra_args):
+        argv += [mem_flag, _num(server.mem_fraction_static)]
     if server.trust_remote_code:
         argv.append("--trust-remote-code")
     if server.reasoning_parser:

@@ -10,6 +10,18 @@ SGLang and vLLM spawn worker processes of their own; they are in the group too.
 If the server exits before it is healthy, or is not healthy within `startup_timeout_s`, the
 error is one line: what happened, the log file, and its last lines.
 
+No orphans, even after kill -9 of the job: a watchdog process (`eagle3.serving.watchdog`, whose
+docstring says why it and not a parent-death signal) stops the server's whole group when the job
+dies, whatever killed it. And with `records_dir` (stages pass `records_dir(cfg)`, i.e.
+`<paths.root>/.servers/`), the running server is recorded in `<host>-<port>.json` (pid, process
+group, port, command line, start time, the job's pid and host, the watchdog's pid), written
+atomically at launch and removed on a clean stop. A rerun -- a new Hydra run directory, but the
+same artifact root, host and port -- reads that record before launching: a server it names that
+is still alive (its processes carry the record's server id, so a recycled pid is never signalled)
+and whose job is dead is stopped, with one log line saying so; one whose job still runs is
+refused, naming that job. A port held by anything else is refused as before, naming the holder
+when /proc shows it.
+
 `server_endpoints(cfg, run_dir)` is what stages use: with `server.urls` set it launches nothing
 and only checks each URL's health (connect mode); otherwise it builds the command from the
 config and runs it for the duration of the block. HTTP through `eagle3.serving.http`.
@@ -18,30 +30,40 @@ config and runs it for the duration of the block. HTTP through `eagle3.serving.h
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator, Optional, Sequence, TextIO, Union
 
 from omegaconf import DictConfig
 
+from eagle3.artifacts.atomic import atomic_write_json
 from eagle3.errors import Eagle3Error
+from eagle3.serving import leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
 from eagle3.serving.engines import HEALTH_PATHS
 from eagle3.serving.http import HTTPFailure, request_sync
 
-__all__ = ["ServerError", "ServerProcess", "check_health", "probe_health", "server_endpoints"]
+__all__ = ["ServerError", "ServerProcess", "check_health", "probe_health", "records_dir", "server_endpoints"]
+
+log = logging.getLogger("eagle3")
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_GRACE_S = 15.0
 TAIL_IN_ERRORS = 8  # log lines quoted in a one-line error
 _MAX_TAIL_CHARS = 240
 _EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+SERVERS_DIR = ".servers"  # under the artifact root: the records of launched servers
+_WATCHDOG_EXIT_S = 10.0  # how long a disarmed watchdog may take to exit
 
 
 class ServerError(Eagle3Error):
@@ -83,42 +105,17 @@ def check_health(urls: Sequence[str], backend: str, timeout_s: float = 10.0, pol
     return [str(u).rstrip("/") for u in urls]
 
 
+def records_dir(cfg: DictConfig) -> Path:
+    """Where the servers launched under this config's artifact root are recorded (module docstring)."""
+    return Path(str(cfg.paths.root)).expanduser().resolve() / SERVERS_DIR
+
+
 def _port_in_use(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the process group `pgid`."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    # kill(0) also succeeds for zombies (already dead, waiting for a reaper we do not control).
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp ...
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 class ServerProcess:
@@ -133,6 +130,8 @@ class ServerProcess:
         echo: Also write each log line here (e.g. sys.stderr); None = log file only.
         handle_sigterm: While running (main thread only), turn SIGTERM/SIGHUP sent to this
             process into SystemExit so the server is stopped on the way out; restored on stop.
+        records_dir: Where to record the server, and look for one an earlier job left on this
+            port (`records_dir(cfg)`); None = no record.
 
     Example:
         with ServerProcess(build_command(cfg), run_dir / "sglang.log", startup_timeout_s=600) as server:
@@ -141,7 +140,7 @@ class ServerProcess:
 
     def __init__(self, command: ServerCommand, log_path: PathLike, *, startup_timeout_s: float,
                  grace_s: float = DEFAULT_GRACE_S, poll_s: float = 0.5, echo: Optional[TextIO] = None,
-                 handle_sigterm: bool = True) -> None:
+                 handle_sigterm: bool = True, records_dir: Optional[PathLike] = None) -> None:
         self.command = command
         self.log_path = Path(log_path)
         self.startup_timeout_s = float(startup_timeout_s)
@@ -155,6 +154,11 @@ class ServerProcess:
         self._tail: deque[str] = deque(maxlen=200)
         self._stopped = False
         self._previous_handlers: dict = {}
+        self.record_path = (Path(records_dir) / f"{socket.gethostname().replace('/', '_')}-{command.port}.json"
+                            if records_dir is not None else None)
+        self._server_id = secrets.token_hex(16)
+        self._watchdog: Optional[subprocess.Popen] = None
+        self._arm: Optional[int] = None  # the job's end of the watchdog's pipe
 
     # ---------------------------------------------------------------------------------------
     # State
@@ -199,10 +203,12 @@ class ServerProcess:
         """Start the process (returns at once; see `wait_healthy`)."""
         if self._proc is not None:
             raise RuntimeError("ServerProcess.start: already started")
+        self._clear_leftover()
         if _port_in_use(self.command.host, self.command.port):
             # Otherwise the health check could be answered by whatever holds the port while our
             # server fails to bind: a benchmark of the wrong server.
-            raise ServerError(f"server.port: {self.command.port} -- something already listens on "
+            holder = leftovers.port_holder(self.command.port) or "something"
+            raise ServerError(f"server.port: {self.command.port} -- {holder} already listens on "
                               f"{self.url}; valid: a free port, or server.urls=[{self.url}] to use "
                               "a server that is already running")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +217,7 @@ class ServerProcess:
         self._log.flush()
         env = dict(os.environ)
         env.update(self.command.env)
+        env[watchdog.ID_ENV] = self._server_id  # inherited by the server's workers: the group is ours
         try:
             self._proc = subprocess.Popen(self.command.argv, env=env, stdin=subprocess.DEVNULL,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -221,8 +228,72 @@ class ServerProcess:
                               f"{self.command.backend} server ({exc.strerror or exc}); valid: the "
                               "python of the environment the server is installed in") from None
         self._install_sigterm()
+        self._start_watchdog()
+        self._write_record()
         self._reader = threading.Thread(target=self._pump, name=f"{self.command.backend}-log", daemon=True)
         self._reader.start()
+
+    def _clear_leftover(self) -> None:
+        """Stop the server an earlier, dead job left on this port (see the module docstring)."""
+        if self.record_path is None:
+            return
+        live = leftovers.clear_leftover(self.record_path, self.command.port, self.grace_s)
+        if live is not None:
+            raise ServerError(f"server.port: {self.command.port} -- eagle3 job pid {live.get('job_pid')} on "
+                              f"{live.get('host')} runs a {live.get('backend')} server there (pid "
+                              f"{live.get('pid')}, since {live.get('started_at')}; record "
+                              f"{self.record_path}); valid: another server.port, server.urls="
+                              f"[{live.get('url')}] to use that server, or stop that job first")
+
+    def _start_watchdog(self) -> None:
+        """The process that stops the server's group if this job dies (`eagle3.serving.watchdog`)."""
+        read_end, self._arm = os.pipe()  # not inheritable (PEP 446): only this process holds the write end
+        package_parent = str(Path(watchdog.__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH"))
+                                                          if p))
+        argv = [sys.executable, "-m", "eagle3.serving.watchdog", "--job-pid", str(os.getpid()),
+                "--pgid", str(self._proc.pid), "--server-id", self._server_id,
+                "--grace-s", str(self.grace_s), "--log", str(self.log_path)]
+        if self.record_path is not None:
+            argv += ["--record", str(self.record_path)]
+        try:
+            with open(self.log_path, "ab") as errors:  # its tracebacks, if any, land in the server log
+                self._watchdog = subprocess.Popen(argv, stdin=read_end, stdout=subprocess.DEVNULL, stderr=errors,
+                                                  env=env, start_new_session=True)
+        except OSError as exc:
+            raise ServerError(f"cannot start the watchdog of the {self.command.backend} server "
+                              f"({exc.strerror or exc}): {sys.executable}") from None
+        finally:
+            os.close(read_end)
+
+    def _disarm_watchdog(self) -> None:
+        if self._arm is None:
+            return
+        with contextlib.suppress(OSError):  # a watchdog killed meanwhile: nothing to tell
+            os.write(self._arm, b"x")
+        os.close(self._arm)
+        self._arm = None
+        if self._watchdog is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(_WATCHDOG_EXIT_S)
+
+    def _write_record(self) -> None:
+        if self.record_path is None:
+            return
+        pid = self._proc.pid
+        self.record_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.record_path, {
+            "backend": self.command.backend, "url": self.url, "host": socket.gethostname(),
+            "port": self.command.port, "pid": pid, "pgid": pid, "start_ticks": watchdog.start_ticks(pid),
+            "argv": list(self.command.argv), "server_id": self._server_id, "log": str(self.log_path),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "job_pid": os.getpid(), "job_start_ticks": watchdog.start_ticks(os.getpid()),
+            "watchdog_pid": self._watchdog.pid if self._watchdog else None})
+
+    def _drop_record(self) -> None:
+        record = leftovers.read_record(self.record_path) if self.record_path is not None else None
+        if record is not None and record.get("server_id") == self._server_id:  # not a rerun's by now
+            self.record_path.unlink(missing_ok=True)
 
     def _pump(self) -> None:
         stream = self._proc.stdout
@@ -300,6 +371,8 @@ class ServerProcess:
                 self._terminate()
             finally:
                 self._stopped = True
+                self._disarm_watchdog()
+                self._drop_record()
                 self._restore_sigterm()
                 self._drain(5.0)
                 with contextlib.suppress(OSError):
@@ -309,20 +382,20 @@ class ServerProcess:
     def _terminate(self) -> None:
         proc, pgid = self._proc, self._proc.pid  # start_new_session: the group id is the pid
         proc.poll()
-        if proc.returncode is not None and not _group_alive(pgid):
+        if proc.returncode is not None and not watchdog.group_alive(pgid):
             return
-        _signal_group(pgid, signal.SIGTERM)
+        watchdog.signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
         try:
             while time.monotonic() < deadline:
-                if proc.poll() is not None and not _group_alive(pgid):
+                if proc.poll() is not None and not watchdog.group_alive(pgid):
                     return
                 time.sleep(0.05)
         except BaseException:  # a second Ctrl-C while waiting: no more grace
-            _signal_group(pgid, signal.SIGKILL)
+            watchdog.signal_group(pgid, signal.SIGKILL)
             proc.wait()
             raise
-        _signal_group(pgid, signal.SIGKILL)
+        watchdog.signal_group(pgid, signal.SIGKILL)
         proc.wait()
 
     # ---------------------------------------------------------------------------------------
@@ -367,5 +440,6 @@ def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLik
         return
     command = build_command(cfg, draft)
     log_path = Path(run_dir) / command.log_name
-    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo) as proc:
+    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo,
+                       records_dir=records_dir(cfg)) as proc:
         yield [proc.url]

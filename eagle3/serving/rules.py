@@ -4,7 +4,8 @@ Checked twice: by `eagle3.config.validate` before any stage runs, and again by t
 (`eagle3.serving.commands`) with the actual draft directory, so a config that bypassed the
 entrypoint still cannot bind a public address or serve an EAGLE-3 draft with EAGLE. They encode
 the failures that cost real projects weeks (FACTS.md): the EAGLE-vs-EAGLE3 flag, kernels that do
-not exist on sm120, flags in `extra_args` that would bypass these rules.
+not exist on sm120, flags in `extra_args` that would bypass these rules (the launcher's own flags
+are refused there; those of a ruled setting, `RULED_FLAGS`, are checked like the typed key).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.checks import ConfigErrors
-from eagle3.draft.options import VARIANT_ENGINES, variant_engines_refusing
+from eagle3.draft.geometry import config_refusals
+from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.serving.engines import (
     CPU_PROFILE,
     EAGLE,
@@ -26,6 +28,7 @@ from eagle3.serving.engines import (
     LAUNCHER_FLAGS,
     PROFILES,
     SERVER_BACKENDS,
+    SGLANG,
     SM120_KERNELS_VALID,
     SM120_MAX_MEM_FRACTION,
     SM120_PROFILE,
@@ -35,8 +38,8 @@ from eagle3.serving.engines import (
 )
 from eagle3.serving.http import is_loopback_host
 
-__all__ = ["check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind", "server_errors",
-           "speculative_algorithm_error"]
+__all__ = ["RULED_FLAGS", "check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind",
+           "extra_arg_flags", "server_errors", "speculative_algorithm_error"]
 
 
 def draft_kind(draft_path: Optional[str]) -> Optional[str]:
@@ -75,6 +78,62 @@ def speculative_algorithm_error(algorithm: Optional[str], draft_path: Optional[s
                 f"the draft at {draft_path} is EAGLE(-1/2): EAGLE3 feeds it 3 captured layers "
                 "it was not trained on", "EAGLE, or an EAGLE-3 draft")
     return err.lines[0] if err.lines else None
+
+
+KERNELS, MEM_FRACTION = "kernels.", "mem_fraction_static"
+#: The flag each engine's launcher writes for a typed `server.*` key that a rule checks; the
+#: launcher (`eagle3.serving.commands`) builds those flags from here. The same flags in
+#: `server.extra_args` (`--flag value` or `--flag=value`) are read back and checked by the same
+#: rules; they are what the server uses (the launcher then leaves out its own).
+RULED_FLAGS = {
+    SGLANG: {"kernels.attention_backend": "--attention-backend",
+             "kernels.prefill_attention_backend": "--prefill-attention-backend",
+             "kernels.decode_attention_backend": "--decode-attention-backend",
+             "kernels.moe_runner_backend": "--moe-runner-backend",
+             "kernels.draft_attention_backend": "--speculative-draft-attention-backend",
+             MEM_FRACTION: "--mem-fraction-static"},
+    VLLM: {MEM_FRACTION: "--gpu-memory-utilization"},
+}
+
+
+def extra_arg_flags(extra_args: Any) -> dict[str, tuple[str, Optional[str]]]:
+    """`{flag: (as written, value)}` of the `--flag value` / `--flag=value` arguments in `extra_args`.
+
+    A flag followed by another flag (or by nothing) has the value None; a repeated flag keeps its
+    last occurrence, as the engines' argument parsers do.
+    """
+    args = [str(a) for a in (extra_args or [])]
+    flags: dict[str, tuple[str, Optional[str]]] = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        if "=" in arg:
+            flag, value = arg.split("=", 1)
+            flags[flag] = (arg, value)
+            continue
+        value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+        flags[arg] = (arg if value is None else f"{arg} {value}", value)
+    return flags
+
+
+def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tuple[str, str, Any, Any]]:
+    """`(typed key, config key to name, value as shown, value)` of each setting a rule checks: the typed
+    keys, then the flags in `extra_args` that set the same thing (which the launcher lets win)."""
+    settings = [(f"{KERNELS}{name}", f"{key}.kernels.{name}", value, value) for name, value in server.kernels.items()]
+    settings.append((MEM_FRACTION, f"{key}.{MEM_FRACTION}", server.mem_fraction_static, server.mem_fraction_static))
+    given = extra_arg_flags(server.extra_args)
+    for typed, flag in RULED_FLAGS.get(server.backend, {}).items():
+        if flag not in given:
+            continue
+        written, value = given[flag]
+        if typed == MEM_FRACTION and value is not None:
+            try:
+                value = float(value)
+            except ValueError:
+                err.add(f"{key}.extra_args", written, "not a number", "a fraction in (0, 1]")
+                continue
+        settings.append((typed, f"{key}.extra_args", written, value))
+    return settings
 
 
 _FROM_CONFIG = object()
@@ -130,23 +189,22 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
                 f"differs from model.capture_layers {list(model.capture_layers)}, "
                 "which the draft was trained on", str(list(model.capture_layers)))
 
+    ruled = _ruled_settings(server, key, err)
     if server.profile == SM120_PROFILE:
-        for field_name, value in server.kernels.items():
-            if value is not None and str(value).lower() in SM120_UNSUPPORTED:
-                err.add(f"{key}.kernels.{field_name}", value,
-                        "does not run on sm120 (Unsupported architecture)",
-                        SM120_KERNELS_VALID)
+        for typed, where, shown, value in ruled:
+            if typed.startswith(KERNELS) and value is not None and str(value).lower() in SM120_UNSUPPORTED:
+                err.add(where, shown, "does not run on sm120 (Unsupported architecture)", SM120_KERNELS_VALID)
         deepgemm = server.env.get("SGL_ENABLE_JIT_DEEPGEMM")
         if deepgemm is not None and str(deepgemm) != "0":  # unset: the launcher sets "0"
             err.add(f"{key}.env.SGL_ENABLE_JIT_DEEPGEMM", deepgemm,
                     "DeepGEMM does not run on sm120; the JIT must be switched off", "'0' or unset")
-        if server.mem_fraction_static is not None and server.mem_fraction_static > SM120_MAX_MEM_FRACTION:
-            err.add(f"{key}.mem_fraction_static", server.mem_fraction_static,
-                    "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
+        for typed, where, shown, value in ruled:
+            if typed == MEM_FRACTION and value is not None and value > SM120_MAX_MEM_FRACTION:
+                err.add(where, shown, "too high for sm120 (OOM at startup)", f"<= {SM120_MAX_MEM_FRACTION}")
 
-    mem = server.mem_fraction_static
-    if mem is not None and not 0 < mem <= 1:
-        err.add(f"{key}.mem_fraction_static", mem, "a fraction of the accelerator memory", "(0, 1] or null")
+    for typed, where, shown, value in ruled:
+        if typed == MEM_FRACTION and value is not None and not 0 < value <= 1:
+            err.add(where, shown, "a fraction of the accelerator memory", "(0, 1] or null")
     err.positive(f"{key}.startup_timeout_s", server.startup_timeout_s)
     if server.profile == CPU_PROFILE:
         if server.backend != VLLM:
@@ -175,16 +233,21 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
 
 def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:
     """The chain's own draft (no `server.speculative.draft_path`) must be one the engine serves: a
-    layer variant SGLang lacks gets no SGLang export (eagle3.draft.options.VARIANT_ENGINES)."""
+    geometry the engine's export refuses (`eagle3.draft.geometry.geometry_refusals`: a layer variant
+    or a capture SGLang lacks) is exported for the other engines only, so there is none to serve."""
     server = cfg.server
     if server.speculative.algorithm is None or server.speculative.draft_path is not None \
             or server.backend not in ENGINES:
         return
-    refused = variant_engines_refusing(dict(cfg.model.draft), [server.backend]).get(server.backend)
-    if refused:
-        err.add(f"model.draft.{refused[0]}", True, f"{server.backend} cannot serve this draft layer variant "
-                "(it would run the plain layer), so the chain exports none for it",
-                f"false, or server.backend={'/'.join(VARIANT_ENGINES[refused[0]])}")
+    refused = config_refusals(cfg.model)
+    serving = [engine for engine in ENGINES if engine not in refused]
+    if server.backend in serving or not serving:
+        return  # served; or exported for no engine at all, which config validation reports
+    for r in refused[server.backend]:
+        what = "layer variant" if r.field in LAYER_VARIANTS else "geometry"
+        err.add(r.config_key, OmegaConf.select(cfg, r.config_key), f"{server.backend} cannot serve this draft "
+                f"{what} ({r.why}), so the chain exports none for it",
+                f"{r.expected}, or server.backend={'/'.join(serving)}")
 
 
 def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:

@@ -59,7 +59,7 @@ from eagle3.serving.benchmark import (
     run_benchmark,
 )
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, mixture_unit, require
-from eagle3.target_info import location
+from eagle3.target_info import target_identity
 
 log = logging.getLogger("eagle3")
 
@@ -81,7 +81,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     bench.pop("request_timeout_s", None)
     if not _connect_mode(cfg):
         bench.pop("baseline_urls", None)
-    return {"bench": bench, "server": server, "model": location(cfg.model.path, cfg.model.revision),
+    return {"bench": bench, "server": server, "model": target_identity(str(cfg.model.path), cfg.model.revision, cfg.paths.hf_cache),
             "format": FORMAT_VERSION}
 
 
@@ -131,7 +131,7 @@ def _mode_config(cfg: DictConfig, mode: str) -> DictConfig:
 def _server(cfg: DictConfig, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
     """`{"url", "command"}` of the server for `mode`, launched (and stopped) unless connecting."""
     from eagle3.serving.commands import build_command
-    from eagle3.serving.process import ServerProcess, check_health
+    from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     server = cfg.server
     if _connect_mode(cfg):
@@ -143,7 +143,8 @@ def _server(cfg: DictConfig, ctx: StageContext, mode: str, draft: Optional[Path]
     log_path = ctx.run_dir / f"bench-{mode}-{command.backend}.log"
     log.info("bench: starting the %s server: %s (log %s)", mode, command.shell(), log_path)
     started = time.perf_counter()
-    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s)) as proc:
+    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
+                       records_dir=records_dir(cfg)) as proc:
         log.info("bench: %s server ready at %s after %.0f s", mode, proc.url, time.perf_counter() - started)
         yield {"url": proc.url, "command": command.shell(), "launched": True,
                "startup_s": time.perf_counter() - started, "log": str(log_path)}

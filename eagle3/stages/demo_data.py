@@ -16,15 +16,15 @@ from eagle3.artifacts import Manifest, StageOutput
 from eagle3.demo.datasets import DEMO_NATIVE
 from eagle3.paths import asset_path
 from eagle3.stages.base import StageContext, UnitStage
-from eagle3.target_info import weights_file_digest
+from eagle3.target_info import target_identity
 
 DATA_FILE = "data.jsonl"
 DEMO_TARGET = "demo_target"
 
 
-def _target_fingerprint() -> str:
-    """Hash of the demo target's weights: demo_native answers change when the target does."""
-    return weights_file_digest(asset_path(DEMO_TARGET))
+def _target_fingerprint() -> dict[str, Any]:
+    """The demo target's identity: demo_native answers change when the target does."""
+    return target_identity(str(asset_path(DEMO_TARGET)))
 
 
 def _units(cfg: DictConfig) -> list[str]:

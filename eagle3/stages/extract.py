@@ -15,6 +15,7 @@ recompute them).
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -32,7 +33,7 @@ from eagle3.extract.summary import unit_summary
 from eagle3.extract.writer import DiskFull
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import MERGE
-from eagle3.target_info import weights_identity
+from eagle3.target_info import target_identity
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
@@ -42,7 +43,7 @@ EXIT_NO_SPACE = 4
 def store_spec(cfg: DictConfig) -> StoreSpec:
     """The store identity this config extracts into (no model load, no data)."""
     m = cfg.model
-    return StoreSpec(model=m.name, target=weights_identity(m.path, m.revision, m.dtype),
+    return StoreSpec(model=m.name, target={**target_identity(m.path, m.revision, cfg.paths.hf_cache), "dtype": m.dtype},
                      capture_layers=tuple(int(i) for i in m.capture_layers),
                      storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size),
                      source=str(cfg.extract.backend))
@@ -123,6 +124,13 @@ class ExtractStage(UnitStage):
         except (DiskSpaceError, DiskFull) as exc:
             # One line, no traceback: the fix is disk space or config, and a rerun resumes.
             print(f"eagle3: {exc}".replace("\n", " "), file=sys.stderr, flush=True)
+            raise SystemExit(EXIT_NO_SPACE) from None
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # The unit directory's own files (keys.jsonl, rejects, manifest) on a full paths.root.
+            print(f"eagle3: no space left on device while writing the extract unit under paths.root={ctx.root} "
+                  f"({exc}); free space and rerun: the unit resumes".replace("\n", " "), file=sys.stderr, flush=True)
             raise SystemExit(EXIT_NO_SPACE) from None
 
 

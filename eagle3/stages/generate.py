@@ -32,11 +32,13 @@ from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads e
     CONVERSATIONS_FILE,
     PREP,
 )
-from eagle3.target_info import files_signature
+from eagle3.target_info import target_identity
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one target identity (eagle3.target_info.target_identity), served settings
 # Keys of generate.http that change what a server generates (the rest is how the client asks).
 HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
+# Keys of `server` that change what an engine generates for the same weights and request.
+SERVED_KEYS = ("dtype", "reasoning_parser", "tool_call_parser", "context_length", "trust_remote_code")
 GENERATE_NAME = "generate"
 
 log = logging.getLogger("eagle3")
@@ -55,15 +57,21 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     generate.pop("reuse_earlier", None)  # reuse copies exactly what a fresh run would generate
     if cfg.server.backend in ENGINES:
         generate["request"] = {k: http.get(k) for k in HTTP_REQUEST_KEYS}
-    return {
+    config = {
         "backend": cfg.server.backend,
-        "target": {"path": str(model.path), "revision": model.revision, "dtype": model.dtype,
-                   "weights": files_signature(model.path)},
+        "target": {**target_identity(str(model.path), model.revision, cfg.paths.hf_cache), "dtype": model.dtype},
         "thinking": bool(cfg.dataset.sources[unit].thinking),
         "generate": generate,
         "seed": cfg.data.seed,
         "format": FORMAT_VERSION,
     }
+    if cfg.server.backend in ENGINES:
+        # How the engine serves the target changes what it answers: its dtype, the parsers
+        # that split reasoning and tool calls out of the text, the context it accepts, and
+        # whatever else its command line says (quantization, say).
+        config["served"] = {k: OmegaConf.select(cfg.server, k) for k in SERVED_KEYS}
+        config["served"]["extra_args"] = [str(a) for a in cfg.server.extra_args]
+    return config
 
 
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:

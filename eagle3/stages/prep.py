@@ -17,20 +17,29 @@ what the killed run already wrote.
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts import Manifest, StageOutput
-from eagle3.data.loading import files_sha256
+from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
 from eagle3.stages.base import StageContext, UnitStage, require
 from eagle3.stages.demo_data import DATA_FILE, DEMO_DATA
 
 CONVERSATIONS_FILE = "conversations.jsonl"
+#: The hub commit an unpinned hub source's unit reads (resolved by its first run, kept by reruns).
+HUB_REVISION_FILE = "hub_revision.json"
 #: Bump when the canonical record or the selection rules change (part of the fingerprint).
-PREP_FORMAT_VERSION = 1
+PREP_FORMAT_VERSION = 2  # 2: description, weight and thinking left out of the fingerprint
+#: Source keys that do not shape prep's output, so changing them must not redo it: the mixture
+#: weight is merge's, the thinking mode generate's and tokenize's, the description a note.
+NOT_PREP_KEYS = ("description", "weight", "thinking")
+
+log = logging.getLogger("eagle3")
 
 
 def _source(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -42,8 +51,8 @@ def _units(cfg: DictConfig) -> list[str]:
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    """Everything that shapes a source's conversations (the output fingerprint covers it)."""
-    src = _source(cfg, unit)
+    """Everything that shapes a source's conversations (the output fingerprint covers it), and nothing else."""
+    src = {k: v for k, v in _source(cfg, unit).items() if k not in NOT_PREP_KEYS}
     config: dict[str, Any] = {
         "source": src,
         "prep": OmegaConf.to_container(cfg.prep, resolve=True),
@@ -61,9 +70,34 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {}
 
 
+def _pinned_source(out: StageOutput, unit: str, src: dict[str, Any]) -> dict[str, Any]:
+    """The source with the hub commit this unit reads, the same in its first run and every resume.
+
+    Without it a prep killed before an upstream update and resumed after would mix two versions
+    of the dataset in one output. A pinned `revision` is used as it is.
+    """
+    if not src.get("hub_id") or src.get("revision"):
+        return src
+    pin = out.dir / HUB_REVISION_FILE
+    if pin.is_file():
+        commit = json.loads(pin.read_text(encoding="utf-8"))["commit"]
+    else:
+        commit = latest_dataset_commit(src["hub_id"])
+        if commit is None:
+            log.warning("[prep] %s: dataset.sources.%s.revision is not set and the hub's latest commit of %s cannot "
+                        "be resolved (offline?): reading whatever `datasets` finds; pin a commit to be sure",
+                        unit, unit, src["hub_id"])
+            return src
+        atomic_write_json(out.path(HUB_REVISION_FILE), {"hub_id": src["hub_id"], "commit": commit})
+    log.info("[prep] %s: reading %s at commit %s (dataset.sources.%s.revision is not set: pin it to make "
+             "an upstream update change the fingerprint)", unit, src["hub_id"], commit, unit)
+    return {**src, "revision": commit}
+
+
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     generator_file = Path(out.inputs["raw"]["path"]) / DATA_FILE if "raw" in out.inputs else None
-    return prepare_source(out, unit, _source(cfg, unit), OmegaConf.to_container(cfg.prep, resolve=True),
+    src = _pinned_source(out, unit, _source(cfg, unit))
+    return prepare_source(out, unit, src, OmegaConf.to_container(cfg.prep, resolve=True),
                           generator_file, cfg.paths.hf_cache, int(cfg.data.seed), CONVERSATIONS_FILE)
 
 

@@ -65,7 +65,7 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
         out: Where the command line and URL are printed (default stdout).
     """
     from eagle3.serving.commands import build_command
-    from eagle3.serving.process import ServerProcess, check_health
+    from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     out = out or sys.stdout
     states = bool(cfg.serve.hidden_states)
@@ -98,7 +98,7 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     print(command.shell(), file=out, flush=True)
     try:
         with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
-                           echo=sys.stderr) as proc:
+                           echo=sys.stderr, records_dir=records_dir(cfg)) as proc:
             print(f"# eagle3 serve: ready at {proc.url} (OpenAI API {proc.url}/v1); Ctrl-C stops it",
                   file=out, flush=True)
             log.info("serve: %s ready at %s (pid %s)", command.backend, proc.url, proc.pid)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from eagle3.artifacts import atomic_write_json
+from eagle3.config.secrets import redact, redact_overrides
 
 __all__ = ["JOB_FILE", "JOB_FORMAT", "parse_overrides", "read_job_record", "write_job_record"]
 
@@ -20,9 +21,15 @@ DELETED = "(deleted)"  # the value shown for a `~key` override
 
 
 def write_job_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """`run_dir/job.json`, atomically (a killed job leaves the previous state, never half a file)."""
+    """`run_dir/job.json`, atomically (a killed job leaves the previous state, never half a file).
+
+    Anything secret-shaped is redacted (`eagle3.config.secrets.redact`): the entrypoint refuses secrets
+    before a job starts, but a failure message can still quote a URL or a server's command line.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / JOB_FILE, record)
+    if isinstance(record.get("overrides"), list):  # keep them readable by `parse_overrides`
+        record = {**record, "overrides": redact_overrides(record["overrides"])}
+    atomic_write_json(run_dir / JOB_FILE, redact(record))
 
 
 def read_job_record(job_dir: Path) -> Optional[dict[str, Any]]:
