@@ -190,6 +190,24 @@ def test_old_request_failed_rejects_are_retried_on_resume_and_never_reused(tmp_p
     assert "request_failed" not in grown.counts["rejected"]
 
 
+def test_a_complete_unit_an_earlier_version_left_with_request_failed_rejects_is_reopened_and_healed(tmp_path):
+    with MockChatServer(latency_s=0.01, tool_every=7, length_every=5) as server:
+        old = _pool_generate(server, tmp_path / "old", 12)
+        prompts = list(read_jsonl(Path(old.inputs["conversations"]["path"]) / CONVERSATIONS_FILE))
+        keys = _keys(prompts)
+        kept = {r["id"] for r in read_jsonl(old.dir / CONVERSATIONS_FILE)}
+        victims = [r["id"] for r in prompts if r["id"] in kept][3:5]
+        _demote(old.dir, victims, running=False)  # complete, with the holes that version left
+        server.reset()
+        [healed] = GENERATE(*_pool_ctx(server, tmp_path / "old", 12))
+        assert set(server.conversations) == {keys[v] for v in victims}  # only the holes were asked for
+        clean = _pool_generate(server, tmp_path / "clean", 12)
+    assert healed.dir == old.dir and healed.status == "complete"
+    for name in (CONVERSATIONS_FILE, REJECTS):
+        assert (healed.dir / name).read_bytes() == (clean.dir / name).read_bytes(), name
+    assert healed.counts == clean.counts and "request_failed" not in healed.counts["rejected"]
+
+
 def _break_some(body: dict, completion: dict):
     """Every 4th conversation: no finish reason; 4th+1: an unknown one; 4th+2: bytes that are not UTF-8."""
     which = int(conversation_key(body["messages"]), 16) % 4

@@ -181,3 +181,16 @@ def test_unfinished_output_is_reported_running_and_plan_is_standalone(tmp_path):
     assert row.status == "running" and manifest is None and row.output == out.dir
     assert "plan" in [s.name for s in STANDALONE]
     assert "plan" not in [s.name for s in stages_to_run("all")]
+
+
+def test_plan_says_which_engines_get_the_draft(tmp_path):
+    """A capture SGLang cannot serve plans and trains (vLLM reads any count); the plan says so up front."""
+    result = _run(["stage=plan", "model.capture_layers=[2,4]", "model.draft.fc_in_features=512",
+                   "model.draft.norm_before_residual=false"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "draft export: vllm only; sglang cannot serve model.capture_layers (found 2 layers [2, 4], expected 3 " \
+           "layers for sglang" in out
+    (tmp_path / "plain").mkdir()
+    plain = _run(["stage=plan", "model.draft.norm_before_residual=false"], tmp_path / "plain")
+    assert plain.returncode == 0 and "draft export:" not in plain.stdout  # both engines serve the plain layer

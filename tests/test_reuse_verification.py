@@ -39,3 +39,21 @@ def test_cli_refuses_a_complete_prep_unit_with_a_flipped_byte_then_force_rebuild
     assert path.read_bytes() == good
     again = cli(*PREP, root=root)
     assert again.returncode == 0 and "complete, reusing" in again.stdout + again.stderr
+
+
+def test_a_stage_refuses_to_read_an_input_unit_with_a_flipped_byte(cli, tmp_path):
+    """`stage=tokenize` alone reads prep's complete output: a changed file must not feed the work."""
+    root = tmp_path / "artifacts"
+    assert cli(*PREP, "dataset.sources.glaive_fc.track=target_native", root=root).returncode == 0
+    [unit] = list((root / "prep").iterdir())
+    manifest = Manifest.load(unit)
+    [rel] = [name for name in manifest.files if name != "rejects.jsonl"]
+    data = bytearray((unit / rel).read_bytes())
+    data[len(data) // 3] ^= 0x20
+    (unit / rel).write_bytes(bytes(data))
+
+    refused = cli("stage=tokenize", *PREP[1:], "dataset.sources.glaive_fc.track=target_native", root=root)
+    assert refused.returncode == 3, refused.stderr[-2000:]
+    [line] = [x for x in refused.stderr.splitlines() if x.startswith("eagle3:")]
+    assert f"complete output {unit} cannot be trusted: {rel} sha256 is" in line and "force=true" in line
+    assert not list((root / "tokenize").glob("*/tokenized_data.jsonl"))  # nothing was tokenized from it

@@ -216,3 +216,16 @@ def test_wandb_config_is_redacted_but_hashes_kept():
     assert out["server"]["env"]["WANDB_API_KEY"] == "<redacted>"
     assert PASSWORD not in json.dumps(out)
     assert out["data"]["fingerprint"] == sha
+
+
+def test_a_server_command_line_shows_secrets_redacted():
+    """Library callers bypass validation; the command line that reaches logs still hides a secret."""
+    from eagle3.serving.commands import ServerCommand
+
+    command = ServerCommand(backend="vllm", argv=["python", "-m", "vllm", "--api-key", "sk-abcdefghijklmnopqrstuv",
+                                                  "--port", "8000"],
+                            env={"HF_TOKEN": "hf_0123456789abcdefghij", "OMP_NUM_THREADS": "2"},
+                            host="127.0.0.1", port=8000)
+    line = command.shell()
+    assert "sk-abcdefghijklmnopqrstuv" not in line and "hf_0123456789abcdefghij" not in line
+    assert "OMP_NUM_THREADS=2" in line and "--port 8000" in line and line.count("<redacted>") == 2

@@ -30,7 +30,8 @@ def secret_findings(config: DictConfig) -> list[Finding]:
     hydra = config.get("hydra")
     if hydra is None:
         return found
-    overrides = [*(OmegaConf.select(hydra, "overrides.task") or []), *(OmegaConf.select(hydra, "overrides.hydra") or [])]
+    overrides = [*(OmegaConf.select(hydra, "overrides.task") or []),
+                 *(OmegaConf.select(hydra, "overrides.hydra") or [])]
     params = OmegaConf.select(hydra, "sweeper.params")
     if params:
         overrides += [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()]
@@ -72,5 +73,6 @@ def _check(config: DictConfig) -> None:
     except Exception as exc:
         # The message is not shown: it could quote the secret.
         findings = [Finding("config", "<unchecked>", f"could not be checked for secrets ({type(exc).__name__}), "
-                            "so nothing was written", "the config without the override that breaks the check (and report the bug)")]
+                            "so nothing was written",
+                            "the config without the override that breaks the check (and report the bug)")]
     refuse_secrets(findings)

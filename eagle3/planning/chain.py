@@ -323,7 +323,9 @@ def _disk(cfg: DictConfig, planner: Planner) -> dict[str, Any]:
 
 def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPlan]]) -> list[str]:
     """The assumptions behind the figures that are not measured, with the numbers used."""
+    from eagle3.draft.geometry import config_refusals
     from eagle3.extract import formats
+    from eagle3.layer_ids import ENGINES
 
     m, gen, ex, data = cfg.model, cfg.generate, cfg.extract, cfg.data
     n_capture, hidden = len(m.capture_layers), int(m.hidden_size)
@@ -354,6 +356,11 @@ def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPla
     lines.append(f"disk: free space of the store root's filesystem (or extract.assume_free_bytes) minus "
                  f"extract.disk_margin_gb={float(ex.disk_margin_gb):g}; the configured format is marked *")
     lines.append(f"train token-epochs = train.max_epochs={int(cfg.train.max_epochs)} x train tokens")
+    refused = config_refusals(m)
+    if refused:  # validation let the config through, so some engine serves the draft
+        lines.append(f"draft export: {', '.join(e for e in ENGINES if e not in refused)} only; "
+                     + "; ".join(f"{engine} cannot serve {', '.join(sorted({r.config_key for r in why}))} "
+                                 f"({why[0].message()})" for engine, why in refused.items()))
     lines.append("hidden states: store mode runs the target once over train + eval (extract); online mode runs it "
                  "over the train split every epoch and the eval split at each validation "
                  f"(train.eval_every_n_epochs={int(cfg.train.eval_every_n_epochs)}), at the closing pooled eval "

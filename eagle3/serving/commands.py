@@ -49,6 +49,7 @@ from typing import Any, Optional, Union
 from omegaconf import DictConfig
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.secrets import redact_text
 from eagle3.errors import Eagle3Error
 from eagle3.serving.engines import (
     CPU_PROFILE,
@@ -133,10 +134,14 @@ class ServerCommand:
         return f"{self.backend}-{self.port}.log"
 
     def shell(self) -> str:
-        """The command as one line a user can paste into a shell (environment first)."""
+        """The command as one line a user can paste into a shell (environment first).
+
+        It goes to logs, the server log and bench reports, so anything secret-shaped is shown as
+        `<redacted>` (validation refuses secrets in configs; this holds for library callers too).
+        """
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cmd = shlex.join(self.argv)
-        return f"{env} {cmd}" if env else cmd
+        return redact_text(f"{env} {cmd}" if env else cmd)
 
 
 def _line(key: str, value: Any, why: str, valid: str) -> str:

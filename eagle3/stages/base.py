@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, log_summary
+from eagle3.artifacts.verify import check_reusable
 from eagle3.errors import Eagle3Error
 
 log = logging.getLogger("eagle3")
@@ -85,6 +86,8 @@ class UnitStage:
                 out.close()
                 continue
             with out:
+                for manifest in inputs.values():  # the work reads them: a changed file must not feed it
+                    check_reusable(Path(manifest.dir), manifest, manifest.fingerprint)
                 extra = self.run_unit(cfg, ctx, unit, out)
                 manifest = out.finalize(extra=extra)
             log_summary(manifest)

@@ -81,7 +81,8 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     bench.pop("request_timeout_s", None)
     if not _connect_mode(cfg):
         bench.pop("baseline_urls", None)
-    return {"bench": bench, "server": server, "model": target_identity(str(cfg.model.path), cfg.model.revision, cfg.paths.hf_cache),
+    model = target_identity(str(cfg.model.path), cfg.model.revision, cfg.paths.hf_cache)
+    return {"bench": bench, "server": server, "model": model,
             "format": FORMAT_VERSION}
 
 

@@ -43,7 +43,8 @@ EXIT_NO_SPACE = 4
 def store_spec(cfg: DictConfig) -> StoreSpec:
     """The store identity this config extracts into (no model load, no data)."""
     m = cfg.model
-    return StoreSpec(model=m.name, target={**target_identity(m.path, m.revision, cfg.paths.hf_cache), "dtype": m.dtype},
+    target = {**target_identity(m.path, m.revision, cfg.paths.hf_cache), "dtype": m.dtype}
+    return StoreSpec(model=m.name, target=target,
                      capture_layers=tuple(int(i) for i in m.capture_layers),
                      storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size),
                      source=str(cfg.extract.backend))

@@ -22,10 +22,13 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts import Manifest, StageOutput
+from eagle3.artifacts import STATUS_COMPLETE, STATUS_RUNNING, Manifest, StageOutput
+from eagle3.artifacts.locks import exclusive_lock
+from eagle3.artifacts.stage_output import LOCKS_DIR
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.generation.pipeline import generate_file
 from eagle3.generation.reuse import EarlierGenerations
+from eagle3.generation.types import RETRYABLE_REJECT_REASONS
 from eagle3.serving.engines import ENGINES
 from eagle3.stages.base import StageContext, UnitStage, require
 from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads either)
@@ -124,6 +127,9 @@ class GenerateStage(UnitStage):
     """
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        if not ctx.force:
+            for unit in self.units(cfg):
+                self._reopen_holes(cfg, ctx, unit)
         server = cfg.server
         if server.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
             return super().__call__(cfg, ctx)
@@ -137,6 +143,33 @@ class GenerateStage(UnitStage):
             connected = copy.deepcopy(cfg)
             OmegaConf.update(connected, "server.urls", list(urls), merge=False)
             return super().__call__(connected, ctx)
+
+    def _reopen_holes(self, cfg: DictConfig, ctx: StageContext, unit: str) -> None:
+        """Take a complete unit an earlier version finished with `request_failed` rejects back to running.
+
+        Those versions counted a conversation whose requests failed during an outage as done, so
+        the unit lacks it; reopened, this run retries exactly those conversations (the pipeline
+        takes their rejects back) and finalizes the unit as an uninterrupted run would have.
+        """
+        where, manifest = self.locate(cfg, ctx, unit)
+        if manifest is None:
+            return
+        holes = sum(n for reason, n in (manifest.counts.get("rejected") or {}).items()
+                    if reason in RETRYABLE_REJECT_REASONS)
+        if not holes:
+            return
+        lock = exclusive_lock(ctx.root / LOCKS_DIR / self.name / f"{where.name}.lock",
+                              waiting=f"{where} is in use by another run; waiting for it to finish")
+        try:
+            current = Manifest.load(where)  # as another job may have left it meanwhile
+            if current.status == STATUS_COMPLETE:
+                current.status, current.completed_at = STATUS_RUNNING, None
+                current.write(where)
+                log.warning("[generate] %s: %s holds %d conversation(s) an earlier version rejected as %s during an "
+                            "outage; reopened to retry them", unit, where, holes,
+                            "/".join(sorted(RETRYABLE_REJECT_REASONS)))
+        finally:
+            lock.release()
 
     def _has_work(self, cfg: DictConfig, ctx: StageContext) -> bool:
         """Whether some unit needs the model: not complete, and not all copied from earlier outputs."""
