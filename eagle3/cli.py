@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.secrets import redact_overrides
+from eagle3.data.detect import expand_dataset_files
 from eagle3.errors import Eagle3Error
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
@@ -58,6 +59,7 @@ def run_job(cfg: DictConfig) -> int:
     record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
                               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               **_job_identity(cfg), "outputs": []}
+    expand_dataset_files(cfg)  # dataset.files -> sources, before any check or stage reads them
     errors = check_config(cfg)
     if errors:
         report_config_errors(errors)

@@ -46,3 +46,19 @@ def capture_layers_from_engine_ids(ids: Sequence[int], engine: str) -> list[int]
 def default_capture_layers(num_layers: int) -> list[int]:
     """EAGLE-3's default capture for an L-layer target: [2, L//2, L-3]."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+def standard_capture_layers(num_layers: int) -> list[int]:
+    """`default_capture_layers`, for targets where the rule gives distinct in-range layers in order.
+
+    Targets under 7 layers get repeats ([2, 3, 3] at 6) or ids past the last layer, which no
+    engine serves; such a target needs its capture layers chosen by hand.
+
+    Raises:
+        ValueError: The rule gives no strictly increasing ids in [0, num_layers - 1].
+    """
+    ids = default_capture_layers(num_layers)
+    if ids != sorted(set(ids)) or not all(0 <= i < num_layers for i in ids):
+        raise ValueError(f"the rule [2, L//2, L-3] gives {ids} for a {num_layers}-layer target, not strictly "
+                         f"increasing layer ids in [0, {num_layers - 1}]")
+    return ids

@@ -5,6 +5,9 @@ One module for the questions every stage asks of `model.path` (a hub id or a loc
 * `resolve_dir`: where its files are (a local directory, or the hub snapshot of its json files);
 * `read_config`: its language model's `config.json` as one dict (multimodal wrappers such as
   Kimi-K2.5 nest it under `text_config`; the nested keys win over the wrapper's);
+* `target_config`: the same for a hub id too, with the file it came from, or a one-line
+  `TargetConfigError` saying why it cannot be read (what `model=auto` derives its geometry from);
+* `target_name`: a safe directory-name component naming the target after its path;
 * `target_identity`: how every fingerprint names the target's weights (generated answers,
   hidden states, demo data, benchmarks): cheap at 600 GB, new whenever the weights change, blind
   to where the checkpoint lies;
@@ -20,13 +23,17 @@ import functools
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["FULL_HASH_LIMIT", "read_config", "resolve_dir", "target_identity", "tokenizer_identity"]
+__all__ = ["FULL_HASH_LIMIT", "HF_CONFIG_KEYS", "TargetConfig", "TargetConfigError", "read_config", "resolve_dir",
+           "target_config", "target_identity", "target_name", "tokenizer_identity"]
 
 CONFIG_FILE = "config.json"
 DEFAULT_TEXT_CONFIG_KEY = "text_config"
+#: `model.<key>` -> the config.json key that holds the same fact about the target.
+HF_CONFIG_KEYS = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "vocab_size": "vocab_size"}
 # Local checkpoints up to this size are identified by a content hash of every file; larger
 # ones (Kimi: ~600 GB) by file names and sizes plus the hash of their small json files.
 FULL_HASH_LIMIT = 1 << 30
@@ -35,6 +42,10 @@ SMALL_FILE_BYTES = 64 << 20
 SAMPLE_WINDOW = 4096  # bytes read from the middle of each tensor of a large checkpoint
 FILE_SAMPLES = 64  # windows per large weights file that is not safetensors
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# `name` or `org/name` as the hub spells repo ids; anything else can only be a local path.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")  # a subset of what artifact directory names allow
+NAME_MAX = 64
 # Names of the files that define a tokenizer besides `tokeniz*` (weights and model config are left
 # out on purpose: retraining a model with the same tokenizer must not invalidate tokenized data).
 _TOKENIZER_FILES = {"special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
@@ -42,14 +53,20 @@ _TOKENIZER_FILES = {"special_tokens_map.json", "added_tokens.json", "chat_templa
 _TOKENIZER_SUFFIXES = (".tiktoken", ".model")
 
 
-def resolve_dir(path: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> Path:
-    """A local directory as it is, or the hub snapshot of a hub id's json files (config, index)."""
+def resolve_dir(path: str, revision: Optional[str] = None, cache_dir: Optional[str] = None,
+                local_files_only: bool = False) -> Path:
+    """A local directory as it is, or the hub snapshot of a hub id's json files (config, index).
+
+    Args:
+        local_files_only: Only the hub cache, never the network (raises when it does not hold them).
+    """
     local = Path(path).expanduser()
     if local.is_dir():
         return local
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(path, revision=revision, cache_dir=cache_dir, allow_patterns=["*.json"]))
+    return Path(snapshot_download(path, revision=revision, cache_dir=cache_dir, allow_patterns=["*.json"],
+                                  local_files_only=local_files_only))
 
 
 def read_config(path: str | Path, text_config_key: Optional[str] = None) -> Optional[dict[str, Any]]:
@@ -70,6 +87,98 @@ def read_config(path: str | Path, text_config_key: Optional[str] = None) -> Opti
     if isinstance(inner, dict):
         merged.update(inner)
     return merged
+
+
+class TargetConfigError(ValueError):
+    """Why a target's config.json cannot be read, in one line that names the path."""
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """A target's language-model config (`read_config`'s merge) and the file it was read from."""
+
+    values: dict[str, Any]
+    file: Path
+
+
+# Hub ids already looked up on the network in this process: a config is read on every access to a
+# value derived from it, and an unreachable hub must cost its timeout once, not once per access.
+_hub_dirs: dict[tuple, Path | TargetConfigError] = {}
+
+
+def _hub_failure(exc: Exception) -> str:
+    """Why a hub lookup failed, short: the hub's own messages run over several lines."""
+    kind = type(exc).__name__
+    if kind == "GatedRepoError":
+        return "gated on the hub (accept its terms there and set HF_TOKEN)"
+    if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "HFValidationError"):
+        return f"not on the hub at that revision ({kind})"
+    if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+        return "not in the hub cache, and the hub cannot be reached (offline?)"
+    return f"{kind}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+def _hub_dir(path: str, revision: Optional[str], cache_dir: Optional[str], local_files_only: bool) -> Path:
+    key = (path, revision, cache_dir)
+    found = _hub_dirs.get(key)
+    if found is None:
+        try:
+            found = resolve_dir(path, revision, cache_dir, local_files_only=local_files_only)
+        except Exception as exc:  # the hub client's errors have no common base but Exception
+            found = TargetConfigError(f"{path} is no local directory, and as a hub id its {CONFIG_FILE} is "
+                                      f"{_hub_failure(exc)}")
+        if not local_files_only:  # a cache lookup is cheap, and a later download may fill the cache
+            _hub_dirs[key] = found
+    if isinstance(found, TargetConfigError):
+        raise found
+    return found
+
+
+def target_config(path: str, revision: Optional[str] = None, text_config_key: Optional[str] = None,
+                  cache_dir: Optional[str] = None, local_files_only: bool = False) -> TargetConfig:
+    """The target's config from a local directory or a hub id, wherever it can be had.
+
+    A hub id's json files come from the hub cache or the network (`resolve_dir`; HF_HUB_OFFLINE=1
+    keeps it off the network); each hub id is looked up once per process, failures included.
+
+    Args:
+        local_files_only: For a hub id, only what the hub cache holds.
+
+    Raises:
+        TargetConfigError: No directory, no config.json, or one that is not a JSON object.
+    """
+    path = str(path)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        directory = local
+    elif _HUB_ID.match(path) and ".." not in path:
+        directory = _hub_dir(path, revision, cache_dir, local_files_only)
+    else:
+        raise TargetConfigError(f"{path} is no directory (nor a hub id)")
+    file = directory / CONFIG_FILE
+    if not file.is_file():
+        raise TargetConfigError(f"{directory} has no {CONFIG_FILE}")
+    try:
+        values = read_config(directory, text_config_key)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TargetConfigError(f"{file} cannot be read: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+    if values is None:
+        raise TargetConfigError(f"{file} is not a JSON object")
+    return TargetConfig(values, file)
+
+
+def target_name(path: str) -> str:
+    """A short name for the target at `path`, safe as a directory-name component (stores are named by it).
+
+    The last component of the path or hub id (a hub snapshot directory: the repository's name);
+    characters a directory name should not carry become `_`.
+    """
+    local = Path(str(path)).expanduser()
+    parts = (local.resolve() if local.is_dir() else local).parts
+    base = parts[-1] if parts else ""
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        base = parts[-3].split("--")[-1]
+    return _NAME_UNSAFE.sub("_", base).lstrip(".-")[:NAME_MAX] or "target"
 
 
 def _files(directory: Path) -> list[Path]:

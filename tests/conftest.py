@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import eagle3.config  # noqa: F401  (registers schema + resolvers)
+from eagle3.data.detect import expand_dataset_files
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
@@ -28,9 +29,11 @@ SMALL_DEMO_DATA = (
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose conf/config.yaml with overrides, exactly as scripts/run.py would."""
+    """Compose conf/config.yaml with overrides, exactly as scripts/run.py would (dataset.files expanded too)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides or [])
+        cfg = compose(config_name="config", overrides=overrides or [])
+    expand_dataset_files(cfg)
+    return cfg
 
 
 # A guard against hangs, not a performance assertion: a demo stage=all with training and eval

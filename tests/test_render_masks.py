@@ -74,6 +74,21 @@ def decode(tok, ids):
 
 
 # ------------------------------------------------------------------ the training template
+CHATML_STYLE = ("{% for m in messages %}<|im_user|>{{ m['role'] }}<|im_middle|>{{ m['content'] }}<|im_end|>\n"
+                "{% endfor %}{% if add_generation_prompt %}<|im_user|>assistant<|im_middle|>{% endif %}")
+
+
+def test_a_template_separator_after_the_end_of_turn_token_is_context_not_target_output(tok):
+    """`<|im_end|>\n` (ChatML style): the model stops at `<|im_end|>`; the newline is the template's."""
+    conv = {"id": "c", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"},
+                                    {"role": "user", "content": "More?"}, {"role": "assistant", "content": "Sure"}]}
+    record = tokenize_conversation(tok, conv, settings(template=CHATML_STYLE, thinking=False))
+    ids, mask = record["input_ids"], record["loss_mask"]
+    assert decode(tok, ids).count("<|im_end|>\n") == 4  # the separator is in the training text...
+    runs = [decode(tok, ids[a:b]) for a, b in masked_runs(ids, mask)]
+    assert runs == ["Hello there<|im_end|>", "Sure<|im_end|>"]  # ...but not in what the draft learns to predict
+
+
 def test_training_template_equals_stock_when_every_assistant_turn_is_in_the_stock_suffix(tok):
     chain = GOLDEN["messages"][:4] + [
         {"role": "assistant", "content": "One more.", "reasoning_content": "Check again.",

@@ -38,7 +38,8 @@ class DraftGeometryConfig:
     """Shape of the EAGLE-3 draft; unset fields follow the target.
 
     `fc_in_features` is written out explicitly in model configs because it is the number a
-    serving engine checks against the captured states: it must be len(capture_layers) * hidden.
+    serving engine checks against the captured states: it must be len(capture_layers) * hidden
+    (`model=auto` derives it so). `vocab_size` is the default `model=auto` caps at the target's.
     """
 
     vocab_size: int = 32000
@@ -58,7 +59,12 @@ class DraftGeometryConfig:
 
 @dataclass
 class ModelConfig:
-    """The target model and the draft geometry derived from it."""
+    """The target model and the draft geometry derived from it.
+
+    `model=auto` (conf/model/auto.yaml) needs only `path`: name, layer count, widths, capture
+    layers and the draft's fc and vocab are derived from the checkpoint's config.json
+    (`eagle3.config.store.checkpoint_value`); the other options spell them out.
+    """
 
     name: str = MISSING
     path: str = MISSING  # hub id or local directory
@@ -107,10 +113,22 @@ class DatasetSourceConfig:
 
 @dataclass
 class DatasetConfig:
-    """A named mixture of sources (a single dataset is a mixture of one)."""
+    """A named mixture of sources (a single dataset is a mixture of one).
+
+    `files` (dataset=files, or added to any dataset) lists local files that become one source
+    each, named after the file, with the settings below; `eagle3.data.detect.expand_dataset_files`
+    does it right after composition, so every stage sees ordinary sources.
+    """
 
     name: str = MISSING
     sources: Dict[str, DatasetSourceConfig] = field(default_factory=dict)
+    # Local .jsonl/.json/.parquet files; relative paths are taken from where you run the job.
+    files: Optional[List[str]] = None
+    track: Optional[str] = None  # every file's track: target_native | prompt_only (required with files)
+    schema: Optional[str] = None  # every file's schema; None = each file's is detected from its first records
+    columns: Dict[str, str] = field(default_factory=dict)  # with `schema`: adapter column renames
+    num_samples: Optional[int] = None  # per file; None = the source's default
+    thinking: Optional[bool] = None  # None = the source's default
 
 
 @dataclass

@@ -12,15 +12,18 @@ torch-free module that acts on it, so a new choice is added in one place.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
 # Each list of valid choices is imported from the module that acts on it (all torch-free).
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
+from eagle3.config.store import DerivedValueError, resolution_cause
 from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
+from eagle3.data.detect import files_sources
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
@@ -41,13 +44,13 @@ from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
 from eagle3.serving.engines import ENGINES, SERVER_BACKENDS, VLLM
 from eagle3.serving.rules import check_server
-from eagle3.target_info import read_config
+from eagle3.target_info import HF_CONFIG_KEYS, TargetConfigError, target_config
 
 #: A stage's own rules, run when that stage is the one asked for (`eagle3.stages` registers them).
 StageRules = Callable[[DictConfig, ConfigErrors], None]
 
 
-def _check_model(model: DictConfig, err: ConfigErrors) -> None:
+def _check_model(model: DictConfig, err: ConfigErrors, hf_cache: Optional[str] = None) -> None:
     err.choice("model.dtype", model.dtype, DTYPES)
     err.positive("model.num_layers", model.num_layers)
     err.positive("model.hidden_size", model.hidden_size)
@@ -64,10 +67,14 @@ def _check_model(model: DictConfig, err: ConfigErrors) -> None:
         err.add("model.training_chat_template", template, "file not found",
                 "a path to a .jinja file or null")
 
-    hf_config = read_config(model.path, model.text_config_key)
+    # Offline: a local checkpoint, or the json files of a hub id the hub cache holds (model=auto fetched them).
+    try:
+        hf_config = target_config(model.path, model.revision, model.text_config_key, hf_cache,
+                                  local_files_only=True).values
+    except TargetConfigError:
+        hf_config = None
     if hf_config is not None:
-        for key, hf_key in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
-                            ("vocab_size", "vocab_size")):
+        for key, hf_key in HF_CONFIG_KEYS.items():
             actual = hf_config.get(hf_key)
             if actual is not None and actual != model[key]:
                 err.add(f"model.{key}", model[key],
@@ -76,6 +83,50 @@ def _check_model(model: DictConfig, err: ConfigErrors) -> None:
             err.add("model.trust_remote_code", False,
                     f"{model.path}/config.json needs custom code (auto_map)",
                     "true, if you trust that code")
+
+
+def _check_derived(model: DictConfig, err: ConfigErrors) -> bool:
+    """One line per model key `model=auto` cannot derive from the checkpoint; True when there is one.
+
+    OmegaConf raises where a value is first read; here every interpolated value of the model is
+    read once, and each failure is reported under the key whose own derivation failed (a value
+    derived from another, fc_in_features from hidden_size, fails with it and is not repeated).
+    """
+    found: dict[str, DerivedValueError] = {}
+
+    def visit(node: DictConfig) -> None:
+        for key in node.keys():
+            child = node._get_node(key)
+            if OmegaConf.is_interpolation(node, key):
+                try:
+                    node[key]
+                except Exception as exc:  # whatever the resolver raised, wrapped by OmegaConf
+                    cause = resolution_cause(exc)
+                    if isinstance(cause, DerivedValueError):
+                        found.setdefault(cause.key, cause)
+            elif isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+                visit(child)
+
+    visit(model)
+    for cause in found.values():
+        err.add(cause.key, cause.value, cause.why, cause.valid)
+    return bool(found)
+
+
+def _missing_keys(cfg: DictConfig) -> list[str]:
+    """`OmegaConf.missing_keys` without resolving anything (it raises on an interpolation that fails)."""
+    out: list[str] = []
+
+    def gather(node: DictConfig | ListConfig) -> None:
+        for key in range(len(node)) if isinstance(node, ListConfig) else node.keys():
+            child = node._get_node(key)
+            if OmegaConf.is_missing(node, key):
+                out.append(node._get_full_key(key))
+            elif OmegaConf.is_config(child) and not child._is_interpolation() and not child._is_none():
+                gather(child)
+
+    gather(cfg)
+    return sorted(out)
 
 
 def _check_draft_geometry(model: DictConfig, err: ConfigErrors) -> None:
@@ -103,7 +154,17 @@ def _check_draft_geometry(model: DictConfig, err: ConfigErrors) -> None:
 
 
 def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
-    if not dataset.sources:
+    if dataset.files:
+        # Still listed: `expand_dataset_files` could not turn them into sources; say why, one line each.
+        before = len(err.lines)
+        files_sources(dataset, err)
+        if len(err.lines) == before:
+            err.add("dataset.files", dataset.files, "never turned into sources (a config composed without "
+                    "eagle3.data.detect.expand_dataset_files)", "call expand_dataset_files(cfg) after composing")
+    elif not dataset.sources and dataset.files is not None:
+        err.add("dataset.files", [], "names no file", "dataset.files=[a.jsonl,b.parquet] (local "
+                + ", ".join(SUPPORTED_SUFFIXES) + " files)")
+    elif not dataset.sources:
         err.add("dataset.sources", {}, "a dataset needs at least one source",
                 "e.g. dataset=demo or dataset=kimi_native")
     for name, src in dataset.sources.items():
@@ -275,20 +336,23 @@ def validate_config(cfg: DictConfig, stages: Iterable[str],
     stages = tuple(stages)
     if cfg.stage not in stages:
         err.add("stage", cfg.stage, "not a registered stage", ", ".join(stages))
-    try:
-        plain = OmegaConf.to_container(cfg, resolve=True)
-    except Exception as exc:  # an interpolation that cannot resolve: report, keep checking
-        err.add("config", "<interpolation>", f"cannot be resolved: {exc}".splitlines()[0])
-        plain = OmegaConf.to_container(cfg, resolve=False)
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    underived = _check_derived(cfg.model, err)
+    missing = _missing_keys(cfg)
     for key in missing:
         err.add(key, "???", "has no value (the schema has no default for it)", "set it in the option's YAML "
                 "or on the command line")
-    if missing:
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as exc:  # an interpolation that cannot resolve: report, keep checking
+        # A missing or underivable value is reported above, under its own key.
+        if resolution_cause(exc, (MissingMandatoryValue, InterpolationToMissingValueError, DerivedValueError)) is None:
+            err.add("config", "<interpolation>", f"cannot be resolved: {exc}".splitlines()[0])
+        plain = OmegaConf.to_container(cfg, resolve=False)
+    if missing or underived:
         return err.lines  # the rules below read those keys
     _check_secrets(plain, "", err)
     err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
-    _check_model(cfg.model, err)
+    _check_model(cfg.model, err, cfg.paths.hf_cache)
     _check_dataset(cfg.dataset, err)
     check_server(cfg.server, cfg.model, err)
     for key in ("bench.data_backend", "serve.data_backend"):

@@ -47,16 +47,29 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class Adapter:
-    """A schema's converter and the column keys it reads (key -> default column name)."""
+    """A schema's converter and the column keys it reads (key -> default column name).
+
+    `optional` and `marks` are what `eagle3.data.detect` places a file by, so the rules live
+    with the adapter they describe: a record fits the schema when it has every required column
+    (the keys not in `optional`: without them `convert` raises AdapterError) and, when `marks`
+    is set, at least one of those raw columns (it tells apart schemas whose columns are the same).
+    """
 
     schema: str
     convert: Callable[[dict, dict], dict]
     columns: dict[str, str]
+    optional: tuple[str, ...] = ()  # keys read only when the record has them
+    marks: tuple[str, ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
         """Every key a source's `columns` may set for this schema."""
         return (ID_KEY, *self.columns)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """The column keys every record of this schema has."""
+        return tuple(k for k in self.columns if k not in self.optional)
 
 
 # ----------------------------------------------------------------------------- shared bits
@@ -253,13 +266,16 @@ def deepswe_trajectories(record: dict, cols: dict) -> dict:
 
 
 ADAPTERS: dict[str, Adapter] = {a.schema: a for a in (
-    Adapter("openai_messages", openai_messages, {"messages": "messages", "tools": "tools", "reasoning": "reasoning"}),
-    Adapter("sharegpt", sharegpt, {"conversations": "conversations", "system": "system"}),
+    Adapter("openai_messages", openai_messages, {"messages": "messages", "tools": "tools", "reasoning": "reasoning"},
+            optional=("tools", "reasoning")),
+    Adapter("sharegpt", sharegpt, {"conversations": "conversations", "system": "system"}, optional=("system",)),
     Adapter("opencodeinstruct", opencodeinstruct, {"prompt": "input", "response": "output"}),
     Adapter("problem_solution", problem_solution,
-            {"problem": "problem", "thinking": "thinking", "solution": "solution", "system": "system"}),
+            {"problem": "problem", "thinking": "thinking", "solution": "solution", "system": "system"},
+            optional=("thinking", "system")),
     Adapter("glaive_function_calling", glaive_function_calling, {"system": "system", "chat": "chat"}),
-    Adapter("deepswe_trajectories", deepswe_trajectories, {"messages": "messages"}),
+    # The same `messages` as openai_messages: a SWE task id is what says "agent trajectory, keep it as written".
+    Adapter("deepswe_trajectories", deepswe_trajectories, {"messages": "messages"}, marks=("instance_id",)),
 )}
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import gzip
+import io
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -157,6 +159,64 @@ def _iter_parquet(path: str) -> Iterator[RawItem]:
 
 
 _READERS = {"jsonl": iter_jsonl, "json": _iter_json, "parquet": _iter_parquet}
+_HEAD_CHUNK = 1 << 16
+
+
+def _head_json_array(path: str, n: int) -> list[RawItem]:
+    """The first `n` records of a JSON array, decoded one by one as the file is read.
+
+    `_iter_json` parses the whole array (it needs every record anyway); a look at the first
+    records of a multi-GB array must not, so this reads only as far as they reach.
+    """
+    items: list[RawItem] = []
+    decoder = json.JSONDecoder()
+    with _open_text(path) as raw:
+        fh = io.TextIOWrapper(raw, encoding="utf-8")
+        buf, pos, eof = fh.read(_HEAD_CHUNK).lstrip(), 1, False  # after the "["
+        while len(items) < n:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(buf) and buf[pos] == "]":
+                break
+            try:
+                obj, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as exc:
+                if eof:
+                    if pos < len(buf):
+                        where = f"{path}[{len(items)}]"
+                        items.append(RawItem(None, where, f"{where}: malformed JSON ({exc.msg})"))
+                    break
+                more = fh.read(max(_HEAD_CHUNK, len(buf)))  # doubling: a long record costs O(size) reads
+                eof = not more
+                buf = buf[pos:] + more
+                pos = 0
+                continue
+            items.append(_checked(b"\\u", obj, f"{path}[{len(items)}]"))
+            pos = end
+    return items
+
+
+def head_records(path: str, n: int) -> list[RawItem]:
+    """The first `n` raw items of a local data file (unreadable ones included), reading no further.
+
+    Raises:
+        ValueError: An unsupported file type.
+        OSError: The file cannot be opened or read (or is not the compression its name says).
+    """
+    kind = file_kind(path)
+    if kind is None:
+        raise ValueError(f"{path}: unsupported data file type; valid: {', '.join(SUPPORTED_SUFFIXES)}")
+    path = str(path)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=n), None)
+        return [RawItem(obj, f"{path}#{i}") for i, obj in enumerate(batch.to_pylist() if batch else [])]
+    if kind == "json":
+        with _open_text(path) as fh:
+            if fh.read(4096).lstrip().startswith(b"["):
+                return _head_json_array(path, n)
+    return list(itertools.islice(iter_jsonl(path), n))
 
 
 def latest_dataset_commit(hub_id: str, timeout_s: float = 20.0) -> Optional[str]:

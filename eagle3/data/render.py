@@ -127,8 +127,25 @@ def generated_spans(tokenizer: Any, conv: dict, settings: RenderSettings) -> tup
             # passes, yet the answer's reasoning is silently gone from the training text.
             raise Reject("reasoning_dropped", f"assistant message {i}: the template does not render its "
                          "reasoning_content; set model.training_chat_template to a template that keeps it")
-        spans.append((len(prompt), len(turn)))
+        spans.append((len(prompt), _end_of_generation(tokenizer, turn, len(prompt))))
     return full, spans
+
+
+def _end_of_generation(tokenizer: Any, turn: str, start: int) -> int:
+    """Where the target's generation of a turn ends: after its end-of-turn token, not after the template's separator.
+
+    ChatML-style templates (Qwen, many fine-tunes) close a turn with `<|im_end|>\n`: the model
+    emits `<|im_end|>` and stops; the newline is the template's, never generated, so training
+    the draft to predict it after the end-of-turn token would teach it text serving never sees.
+    Only whitespace after the tokenizer's eos token is cut; any other template text is kept.
+    """
+    eos = getattr(tokenizer, "eos_token", None)
+    if not isinstance(eos, str) or not eos:
+        return len(turn)
+    at = turn.rfind(eos, start)
+    if at < 0 or turn[at + len(eos):].strip():
+        return len(turn)
+    return at + len(eos)
 
 
 def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:

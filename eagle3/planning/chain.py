@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_RUNNING, Manifest
+from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
+from eagle3.draft.geometry import config_geometry
 from eagle3.draft.options import ONLINE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.stages.base import MissingInput, StageContext
+from eagle3.target_info import target_config
 
 __all__ = ["FORMAT_VERSION", "Planner", "UnitPlan", "build_plan"]
 
@@ -268,14 +271,25 @@ def _human(n: int) -> str:
     return format_bytes(n)
 
 
+def _model_source(cfg: DictConfig) -> Optional[str]:
+    """The config.json `model=auto` read the target's geometry from; None when the config spells it out."""
+    m, raw = cfg.model, OmegaConf.to_container(cfg.model, resolve=False)
+    if not any(CHECKPOINT_RESOLVER in str(raw[key]) for key in TARGET_KEYS):
+        return None
+    return str(target_config(m.path, m.revision, m.text_config_key, cfg.paths.hf_cache).file)
+
+
 def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     # No Hydra context in library use and tests: no experiment to name.
     experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
     m = cfg.model
+    g = config_geometry(OmegaConf.to_container(m, resolve=True))
     return {"experiment": experiment, "dataset": str(cfg.dataset.name), "model": str(m.name),
+            "model_source": _model_source(cfg), "num_layers": int(m.num_layers), "vocab_size": int(m.vocab_size),
             "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
+            "draft_vocab_size": g.draft_vocab_size, "fc_in_features": g.fc_in_features,
             "server_backend": str(cfg.server.backend), "root": str(ctx.root),
             "data": {"scale": cfg.data.scale, "eval_size": int(cfg.data.eval_size)},
             "sources": {n: {"track": str(s.track), "num_samples": s.num_samples, "weight": float(s.weight)}

@@ -55,9 +55,16 @@ def _title(h: dict) -> str:
     exp = f"experiment={h['experiment']}, " if h.get("experiment") else ""
     tracks = [s["track"] for s in h["sources"].values()]
     mix = ", ".join(f"{tracks.count(t)} {t}" for t in sorted(set(tracks)))
-    return (f"eagle3 plan: {exp}dataset={h['dataset']} ({len(tracks)} sources: {mix}), model={h['model']} "
-            f"(hidden {h['hidden_size']:,}, capture {h['capture_layers']}), generate backend "
-            f"{h['server_backend']}")
+    return (f"eagle3 plan: {exp}dataset={h['dataset']} ({len(tracks)} sources: {mix}), model={h['model']}, "
+            f"generate backend {h['server_backend']}")
+
+
+def model_line(h: dict) -> str:
+    """`model: NAME (auto from FILE): 8 layers, hidden 64, ...`: the target and draft geometry the chain uses."""
+    source = f" (auto from {h['model_source']})" if h.get("model_source") else ""
+    return (f"model: {h['model']}{source}: {h['num_layers']} layers, hidden {h['hidden_size']}, vocab "
+            f"{h['vocab_size']}, capture {h['capture_layers']}, draft vocab {h['draft_vocab_size']}, "
+            f"fc {h['fc_in_features']}")
 
 
 def _output(unit: dict, root: str) -> str:
@@ -133,8 +140,8 @@ def _mode_title(section: dict) -> str:
 def render_text(data: dict[str, Any]) -> str:
     """The fixed-width plan printed on stdout."""
     h, root = data["header"], data["header"]["root"]
-    lines = [_title(h), f"artifact root {root} (unit paths below are relative to it); nothing was run, "
-                        "loaded or downloaded", ""]
+    lines = [_title(h), model_line(h), f"artifact root {root} (unit paths below are relative to it); nothing was "
+                                       "run, loaded or downloaded", ""]
     table = [(s["stage"], u) for s in data["stages"] for u in s["units"]]
     widths = [max([len(c)] + [len(_cells(s, u)[i]) for s, u in table]) for i, c in enumerate(COLUMNS)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -179,7 +186,8 @@ def render_text(data: dict[str, Any]) -> str:
 def render_markdown(data: dict[str, Any]) -> str:
     """plan.md: the same content as a markdown table and lists."""
     h, root = data["header"], data["header"]["root"]
-    lines = [f"# {_title(h)}", "", f"Artifact root `{root}`; unit paths are relative to it. Nothing was run.", "",
+    lines = [f"# {_title(h)}", "", model_line(h), "",
+             f"Artifact root `{root}`; unit paths are relative to it. Nothing was run.", "",
              "| stage | unit | status | samples | tokens | other | inputs | output |",
              "|---|---|---|---|---|---|---|---|"]
     for stage in data["stages"]:

@@ -16,10 +16,15 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.data.mixture import write_mixture
+from eagle3.errors import Eagle3Error
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.tokenize import TOKENIZED_FILE
 
 FORMAT_VERSION = 1
+
+
+class EmptyTrainSplit(Eagle3Error):
+    """The mixture leaves no training sample; one line naming data.eval_size."""
 
 
 def _weights(cfg: DictConfig) -> dict[str, float]:
@@ -45,7 +50,15 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     sources = {key.split(".", 1)[1]: (m.dir / TOKENIZED_FILE, m.counts.get("out"))
                for key, m in _unit_inputs(cfg, ctx, unit).items()}
-    return write_mixture(out, sources, _weights(cfg), cfg.data.scale, cfg.data.eval_size, cfg.data.seed)
+    extra = write_mixture(out, sources, _weights(cfg), cfg.data.scale, cfg.data.eval_size, cfg.data.seed)
+    if not extra["train_samples"]:
+        # Caught here, not as a traceback in train: a small file of one's own meets the demo's eval size.
+        raise EmptyTrainSplit(
+            f"merge {unit}: all {extra['eval_samples']} samples went to the eval split (data.eval_size="
+            f"{int(cfg.data.eval_size)}), leaving nothing to train on; lower data.eval_size (e.g. "
+            f"data.eval_size={max(extra['eval_samples'] // 5, 1)}) or add data")
+    return extra
+
 
 
 MERGE = UnitStage(
