@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from eagle3.artifacts.atomic import fsync_dir, temp_path_for
 
-__all__ = ["PARTIAL_SUFFIX", "JsonlError", "RecordWriter", "RejectWriter", "read_jsonl"]
+__all__ = ["PARTIAL_SUFFIX", "JsonlError", "RecordWriter", "RejectWriter", "read_jsonl", "unencodable_text"]
 
 PARTIAL_SUFFIX = ".partial"
 _REASON = re.compile(r"^[A-Za-z0-9_.:\-]+$")
@@ -62,6 +62,31 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         for lineno, raw in enumerate(fh, 1):
             if raw.strip():
                 yield _parse_line(raw, path, lineno)
+
+
+def unencodable_text(obj: Any) -> str | None:
+    """Where plain data holds text UTF-8 cannot encode (a lone surrogate from a `\\ud800` escape), else None.
+
+    JSON allows the escape and Python decodes it, but writing the record would fail; readers of
+    outside data (raw files, server answers) reject such a record with this location instead.
+
+    Returns:
+        `<key path> (character <i>)`, e.g. `messages[0].content (character 4)`.
+    """
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{path or 'record'} (character {exc.start})"
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+            stack.extend((f"{path}.<key>", k) for k in value if isinstance(k, str))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 _ID_PREFIX = b'{"id":'

@@ -50,7 +50,7 @@ from eagle3.artifacts.manifest import (
 from eagle3.artifacts.records import PARTIAL_SUFFIX, RecordWriter, RejectWriter
 from eagle3.artifacts.verify import UntrustedOutput, check_reusable
 
-__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput", "UntrustedOutput"]
+__all__ = ["LOCKS_DIR", "REJECTS_NAME", "STAGE_FORMAT_VERSION", "StageOutput", "UntrustedOutput", "unit_lock_path"]
 
 logger = logging.getLogger("eagle3")
 
@@ -60,6 +60,11 @@ REJECTS_NAME = "rejects.jsonl"
 #: Folder under the artifact root holding one advisory lock file per unit directory.
 LOCKS_DIR = ".locks"
 _RESERVED = {MANIFEST_NAME, REJECTS_NAME}
+
+
+def unit_lock_path(root: Path, stage: str, unit_dir_name: str) -> Path:
+    """The lock file every job that writes (or reopens) a unit directory holds meanwhile."""
+    return root / LOCKS_DIR / stage / f"{unit_dir_name}.lock"
 
 
 def _stale_files(directory: Path) -> list[Path]:
@@ -188,7 +193,7 @@ class StageOutput:
         # directory lists only units; and not inside the unit directory, which force=True
         # deletes (another process could then lock a fresh file while we hold the old one).
         (self.root / self.stage).mkdir(parents=True, exist_ok=True)
-        self._held = exclusive_lock(self.root / LOCKS_DIR / self.stage / f"{self.dir.name}.lock",
+        self._held = exclusive_lock(unit_lock_path(self.root, self.stage, self.dir.name),
                                     waiting=f"{self.dir} is in use by another run; waiting for it to finish")
 
     def _unlock(self) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 from eagle3.artifacts import file_sha256
+from eagle3.artifacts.records import unencodable_text
 
 #: Local file types a source's `data_files` may list (checked by the config validator).
 SUPPORTED_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
@@ -48,22 +49,7 @@ def _lone_surrogate(raw: bytes, obj: Any) -> Optional[str]:
 
     Only text with a `\\u` escape can hold one, so the walk runs on those few lines only.
     """
-    if b"\\u" not in raw:
-        return None
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                return f"{path or 'record'} (character {exc.start})"
-        elif isinstance(value, dict):
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
-            stack.extend((f"{path}.<key>", k) for k in value if isinstance(k, str))
-        elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
-    return None
+    return unencodable_text(obj) if b"\\u" in raw else None
 
 
 def _checked(raw: bytes, obj: Any, where: str) -> RawItem:

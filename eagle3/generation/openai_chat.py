@@ -19,6 +19,7 @@ import math
 import re
 from typing import Any, Optional, Sequence
 
+from eagle3.artifacts.records import unencodable_text
 from eagle3.generation.types import (
     ERROR_INVALID_UTF8,
     ERROR_UNKNOWN_FINISH,
@@ -206,12 +207,10 @@ def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
     if finish not in FINISH_REASONS:
         return GenerationResult(id=request.id, error=ERROR_UNKNOWN_FINISH, error_detail=f"finish_reason={finish!r}",
                                 **tokens)
-    try:
-        json.dumps(message, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
+    bad = unencodable_text(message)
+    if bad is not None:
         return GenerationResult(id=request.id, error=ERROR_INVALID_UTF8,
-                                error_detail=f"the message holds {exc.object[exc.start:exc.end]!r}: {exc.reason}",
-                                **tokens)
+                                error_detail=f"the message holds a lone surrogate at {bad}", **tokens)
     if finish != FINISH_LENGTH:  # a `tool_calls` finish without calls is a plain stop
         finish = FINISH_TOOL_CALLS if message.get("tool_calls") else FINISH_STOP
     return GenerationResult(id=request.id, message=message, finish_reason=finish, **tokens)

@@ -155,7 +155,7 @@ def stop_group(pgid: int, grace_s: float, server_id: Optional[str] = None, poll_
 
 
 class _Terminated(Exception):
-    pass
+    """The watchdog itself got SIGTERM: act as if the job were gone."""
 
 
 def _raise_terminated(signum, frame):

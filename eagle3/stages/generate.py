@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import STATUS_COMPLETE, STATUS_RUNNING, Manifest, StageOutput
 from eagle3.artifacts.locks import exclusive_lock
-from eagle3.artifacts.stage_output import LOCKS_DIR
+from eagle3.artifacts.stage_output import unit_lock_path
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.generation.pipeline import generate_file
 from eagle3.generation.reuse import EarlierGenerations
@@ -158,7 +158,7 @@ class GenerateStage(UnitStage):
                     if reason in RETRYABLE_REJECT_REASONS)
         if not holes:
             return
-        lock = exclusive_lock(ctx.root / LOCKS_DIR / self.name / f"{where.name}.lock",
+        lock = exclusive_lock(unit_lock_path(ctx.root, self.name, where.name),
                               waiting=f"{where} is in use by another run; waiting for it to finish")
         try:
             current = Manifest.load(where)  # as another job may have left it meanwhile
