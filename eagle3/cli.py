@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.secrets import redact_overrides
 from eagle3.data.detect import expand_dataset_files
-from eagle3.errors import Eagle3Error
+from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
 from eagle3.threads import configure_job_threads
@@ -29,8 +29,7 @@ from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
 
-EXIT_CONFIG_ERROR = 2
-EXIT_STAGE_ERROR = 3  # a missing input or an unavailable backend
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "report_config_errors", "run_job"]
 
 
 def report_config_errors(errors: list[str]) -> None:
@@ -53,8 +52,18 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
             "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
 
 
+def _one_line_failure(exc: Exception, stage: str, root: Path) -> Optional[tuple[int, str]]:
+    """`(exit code, line)` for a failure the user fixes (an Eagle3Error, a full disk); None for a bug."""
+    if isinstance(exc, Eagle3Error):
+        return exc.exit_code, str(exc)
+    full = no_space_cause(exc)
+    return None if full is None else (EXIT_NO_SPACE, no_space_line(full, stage, root))
+
+
 def run_job(cfg: DictConfig) -> int:
     """Run one Hydra job; returns the process exit code."""
+    # A log file on a full disk must not print a traceback per log call on top of the one-line error.
+    logging.raiseExceptions = False
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
                               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -81,19 +90,29 @@ def run_job(cfg: DictConfig) -> int:
             log.info("stage %s: %s", stage.name, stage.help)
             try:
                 manifests = stage(cfg, ctx)
-            except Eagle3Error as exc:
-                print(f"eagle3: {exc}", file=sys.stderr)
-                failure = f"{stage.name}: {exc}"
-                return EXIT_STAGE_ERROR
-            outputs.extend(Path(m.dir) for m in manifests)
-            record["outputs"].extend({"stage": stage.name, "unit": m.name, "dir": str(m.dir)} for m in manifests)
-            write_job_record(run_dir, record)
+                outputs.extend(Path(m.dir) for m in manifests)
+                record["outputs"].extend({"stage": stage.name, "unit": m.name, "dir": str(m.dir)} for m in manifests)
+                write_job_record(run_dir, record)
+            except Exception as exc:
+                known = _one_line_failure(exc, stage.name, root)
+                if known is None:
+                    raise  # a bug: keep its traceback
+                code, line = known
+                print(f"eagle3: {line}", file=sys.stderr)
+                failure = f"{stage.name}: {line}"
+                return code
         failure = None
     finally:
         finish_job(failed=failure is not None)  # one W&B run per job: closed here, failed or not
         record.update(status="failed" if failure else "complete", failure=failure,
                       wall_s=round(time.perf_counter() - started, 3))
-        write_job_record(run_dir, record)
+        try:
+            write_job_record(run_dir, record)
+        except OSError as exc:
+            if failure is None or no_space_cause(exc) is None:
+                raise
+            # The disk that stopped the stage also refuses the record; the line above said why.
+            log.warning("job.json not updated (%s): it still says running", exc.strerror)
     log.info("done in %.1f s; artifacts under %s", time.perf_counter() - started, root)
     for out in outputs:
         log.info("  %s", out)

@@ -10,7 +10,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.adapters import ADAPTERS, AdapterError, convert, resolve_columns
-from eagle3.data.detect import SchemaError, detect_schema
+from eagle3.data.detect import SchemaError, check_schema, detect_schema
 from eagle3.stages import check_config
 from tests.conftest import compose_config
 
@@ -136,6 +136,42 @@ def test_a_file_two_schemas_fit_is_ambiguous(tmp_path):
         detect_schema(path)
 
 
+def broken_first(tmp_path: Path, name: str = "chat.jsonl") -> Path:
+    """Chat records with a null `messages` first and one with none at all, as a line 11 would have them."""
+    good = [{"id": f"m{i}", "messages": [{"role": "user", "content": f"Question {i}?"},
+                                         {"role": "assistant", "content": f"Answer {i}."}]} for i in range(6)]
+    return write_jsonl(tmp_path / name, [{"id": "null", "messages": None}, good[0], {"id": "none"}, *good[1:]])
+
+
+def test_records_no_schema_fits_are_left_out_of_detection(tmp_path):
+    """A broken record among the first 8 is one prep reject, as it would be at line 11: not a refused file."""
+    path = broken_first(tmp_path)
+    found = detect_schema(path)
+    assert (found.schema, found.columns, found.keys) == ("openai_messages", {}, ("id", "messages"))
+    assert check_schema(path, "openai_messages", None).schema == "openai_messages"
+    cfg = files_cfg(path, overrides=("dataset.track=target_native", "dataset.schema=openai_messages"))
+    assert check_config(cfg) == [] and cfg.dataset.sources.chat.schema == "openai_messages"
+    # When no record fits anything, detection still refuses, naming the keys; so does a given schema.
+    nulls = write_jsonl(tmp_path / "nulls.jsonl", [{"id": "a", "messages": None}, {"id": "b"}])
+    with pytest.raises(SchemaError, match=r"nulls\.jsonl: no schema's columns are all in its first records "
+                                          r"\(keys: id, messages\)"):
+        detect_schema(nulls)
+    with pytest.raises(SchemaError) as exc:
+        check_schema(nulls, "openai_messages", None)
+    assert str(exc.value).startswith(f"{nulls}: schema openai_messages needs column 'messages' but it is absent or "
+                                     "null in each of its first records (keys: id, messages); valid: ")
+
+
+def test_a_given_schema_needs_one_fitting_record_and_names_the_column_missing_most(tmp_path):
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", [{"input": "q"}, {"output": "a"}, {"output": "b"}])
+    with pytest.raises(SchemaError, match=r"schema opencodeinstruct needs column 'input' but it is absent or null in "
+                                          r"2 of its first 3 records, and none has all of input, output \(keys: "
+                                          r"input, output\)"):
+        check_schema(mixed, "opencodeinstruct", None)
+    one = write_jsonl(tmp_path / "one.jsonl", [{"input": "q"}, {"input": "q2", "output": "a2"}])
+    assert check_schema(one, "opencodeinstruct", None).schema == "opencodeinstruct"
+
+
 # ----------------------------------------------------------------------------- files -> sources
 def test_each_file_becomes_a_source_with_its_detected_schema(tmp_path, caplog):
     other = tmp_path / "other"
@@ -239,6 +275,23 @@ def test_cli_prep_on_files_in_one_line(cli, tmp_path):
     assert (units["b"].counts["in"], units["b"].counts["out"]) == (2, 2)
     rows = list(read_jsonl(units["b"].dir / "conversations.jsonl"))
     assert {r["track"] for r in rows} == {"target_native"} and rows[0]["messages"][-1]["role"] == "assistant"
+
+
+def test_cli_prep_rejects_a_broken_first_record_and_keeps_the_rest(cli, tmp_path):
+    path = broken_first(tmp_path)
+    root = tmp_path / "artifacts"
+    result = cli("stage=prep", "dataset=files", f"dataset.files=[{path}]", "dataset.track=target_native", root=root)
+    assert result.returncode == 0, result.stderr
+    [unit] = [Manifest.load(d) for d in (root / "prep").iterdir()]
+    counts = unit.counts
+    assert unit.status == "complete" and (counts["in"], counts["out"]) == (8, 6)
+    assert counts["in"] == counts["out"] + sum(counts["rejected"].values())
+    rejects = {r["id"]: r for r in read_jsonl(unit.dir / "rejects.jsonl")}
+    assert {rid: (r["reason"], r["where"]) for rid, r in rejects.items()} == {
+        "chat:null": ("adapter_error", f"{path}:1"), "chat:none": ("adapter_error", f"{path}:3")}
+    assert "missing column 'messages'" in rejects["chat:null"]["detail"]
+    assert sorted(r["meta"]["raw_id"] for r in read_jsonl(unit.dir / "conversations.jsonl")) == \
+        [f"m{i}" for i in range(6)]
 
 
 def test_cli_files_mistakes_exit_2_before_any_stage(cli, tmp_path):

@@ -21,8 +21,9 @@ import eagle3.extract.target as extract_target
 import eagle3.extract.writer as writer_mod
 import eagle3.stages.extract as extract_stage
 from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
-from eagle3.errors import Eagle3Error
-from eagle3.extract.dataset import HiddenStateDataset
+from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
+from eagle3.extract.preflight import DiskSpaceError
+from eagle3.extract.dataset import HiddenStateDataset, StatesNotStored
 from eagle3.extract.store import HiddenStateStore
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config
@@ -184,7 +185,7 @@ def test_two_shard_jobs_together_equal_one_unsharded_job(target_dir, tmp_path):
         parts.append(run(config(target_dir, roots["parts"], "extract.batch_tokens=1", f"extract.shard={i}",
                                 "extract.num_shards=2"), roots["parts"]))
         if i == 0:
-            with pytest.raises(KeyError, match="not in the store"):
+            with pytest.raises(StatesNotStored, match="not in the store"):
                 HiddenStateDataset.from_manifests(parts, "train")  # half the jobs: loud, not short
     sizes = [p.extra["samples"] for p in parts]
     assert sum(sizes) == 20 and min(sizes) > 0 and [p.extra["other_shards"] for p in parts] == sizes[::-1]
@@ -247,7 +248,7 @@ def test_kill_9_mid_extract_then_rerun_equals_uninterrupted_run(target_dir, tmp_
     assert_same_store(store_tensors(resumed), store_tensors(run(config(target_dir, clean), clean)))
 
 
-def test_disk_full_mid_run_stops_cleanly_and_rerun_resumes(target_dir, tmp_path, monkeypatch, capsys):
+def test_disk_full_mid_run_stops_cleanly_and_rerun_resumes(target_dir, tmp_path, monkeypatch):
     records = make_records(20)
     cfg = config(target_dir, tmp_path)
     write_merge(cfg, tmp_path, records[:16], records[16:])
@@ -261,11 +262,10 @@ def test_disk_full_mid_run_stops_cleanly_and_rerun_resumes(target_dir, tmp_path,
         real(tensors, path, metadata)
 
     monkeypatch.setattr(writer_mod, "_safetensors_save", fills_up)
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(writer_mod.DiskFull) as exc_info:
         run(cfg, tmp_path)
-    assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
-    [err] = [line for line in capsys.readouterr().err.splitlines() if "eagle3:" in line]
-    assert "no space left" in err
+    assert no_space_cause(exc_info.value) is exc_info.value  # the entrypoint's exit 4
+    assert "no space left on the store's filesystem" in no_space_line(exc_info.value, "extract", tmp_path)
     store_dir = Path(extract_stage.store_dir(cfg))
     assert index_lines(tmp_path) == 1 and len(list(store_dir.glob("shards/*/*"))) == 1  # no partial shard
 
@@ -277,15 +277,15 @@ def test_disk_full_mid_run_stops_cleanly_and_rerun_resumes(target_dir, tmp_path,
     assert_same_store(store_tensors(resumed), store_tensors(run(config(target_dir, clean), clean)))
 
 
-def test_preflight_refuses_before_the_model_loads(target_dir, tmp_path, monkeypatch, capsys):
+def test_preflight_refuses_before_the_model_loads(target_dir, tmp_path, monkeypatch):
     records = make_records(20)
     cfg = config(target_dir, tmp_path, "extract.assume_free_bytes=5000100000", "extract.disk_margin_gb=5")
     write_merge(cfg, tmp_path, records[:16], records[16:])
     monkeypatch.setattr(extract_target, "load_target", lambda *a, **k: pytest.fail("model loaded"))
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(DiskSpaceError) as exc_info:
         run(cfg, tmp_path)
-    assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
-    [line] = [line for line in capsys.readouterr().err.splitlines() if "eagle3:" in line]
+    assert exc_info.value.exit_code == EXIT_NO_SPACE
+    line = str(exc_info.value)
     tokens = sum(len(r["input_ids"]) for r in records)
     need = tokens * (4 * 64 * 4 + 4) + 20 * 1024
     assert "not enough disk" in line and f"({need:,} B) for 20 samples / {tokens:,} tokens in fp32" in line
@@ -474,7 +474,7 @@ def test_a_really_full_filesystem_exits_4_in_one_line_and_a_rerun_with_space_res
         subprocess.run(["umount", str(store_root)], check=True)
 
 
-def test_a_full_paths_root_exits_4_in_one_line_and_a_rerun_resumes(target_dir, tmp_path, capsys):
+def test_a_full_paths_root_is_a_disk_full_and_a_rerun_resumes(target_dir, tmp_path):
     root = tmp_path / "small_root"
     root.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)], check=True, capture_output=True)
@@ -492,11 +492,13 @@ def test_a_full_paths_root_exits_4_in_one_line_and_a_rerun_resumes(target_dir, t
             with pytest.raises(OSError):
                 while True:
                     fh.write(b"\0" * 4096)
-        with pytest.raises(SystemExit) as exit_info:
+        with pytest.raises(OSError) as exc_info:
             run(cfg, root)
-        assert exit_info.value.code == extract_stage.EXIT_NO_SPACE
-        [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("eagle3:")]
-        assert f"no space left on device while writing the extract unit under paths.root={root}" in line
+        full = no_space_cause(exc_info.value)
+        assert full is not None  # the entrypoint's exit 4
+        line = no_space_line(full, "extract", root)
+        assert line.startswith("no space left on device during stage extract: No space left on device") and \
+            f"paths.root={root}" in line and "rerun" in line
         filler.unlink()
         done = run(cfg, root)
         assert done.status == "complete" and done.counts["out"] == 20

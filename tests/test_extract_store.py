@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eagle3.extract import codec, formats
-from eagle3.extract.dataset import AlignmentError, HiddenStateDataset
+from eagle3.extract.dataset import AlignmentError, HiddenStateDataset, StatesNotStored
 from eagle3.extract.preflight import DiskSpaceError, check_disk, estimate, plan_report
 from eagle3.extract.store import HiddenStateStore, StoreSpec, shard_of
 from eagle3.extract.writer import DiskFull, StoreWriter
@@ -173,7 +173,7 @@ def test_dataset_reads_aligned_samples_and_fails_loudly_on_mismatch(tmp_path):
     assert [it["id"] for it in loader] == ["r0", "r1", "r2"]  # workers reopen their own handles
 
     write_split(tmp_path / "extra.jsonl", [*records, {"id": "new", "input_ids": [1, 2], "loss_mask": [0, 1]}])
-    with pytest.raises(KeyError, match=r"1 samples of .*extra.jsonl are not in the store.*'new'"):
+    with pytest.raises(StatesNotStored, match=r"1 samples of .*extra.jsonl are not in the store.*'new'"):
         HiddenStateDataset(store_dir, tmp_path / "extra.jsonl")
     assert len(HiddenStateDataset(store_dir, tmp_path / "extra.jsonl", exclude_ids={"new"})) == 3
 

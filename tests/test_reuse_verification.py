@@ -57,3 +57,11 @@ def test_a_stage_refuses_to_read_an_input_unit_with_a_flipped_byte(cli, tmp_path
     [line] = [x for x in refused.stderr.splitlines() if x.startswith("eagle3:")]
     assert f"complete output {unit} cannot be trusted: {rel} sha256 is" in line and "force=true" in line
     assert not list((root / "tokenize").glob("*/tokenized_data.jsonl"))  # nothing was tokenized from it
+    # The line names the stage whose output must be rebuilt; following it works (force=true on the
+    # tokenize command itself would only redo tokenize, and fail on prep again).
+    assert "rerun with stage=prep force=true" in line
+    fixed = cli("stage=prep", *PREP[1:], "dataset.sources.glaive_fc.track=target_native", "force=true", root=root)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    again = cli("stage=tokenize", *PREP[1:], "dataset.sources.glaive_fc.track=target_native", root=root)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert list((root / "tokenize").glob("*/tokenized_data.jsonl"))

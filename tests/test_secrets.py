@@ -229,3 +229,139 @@ def test_a_server_command_line_shows_secrets_redacted():
     line = command.shell()
     assert "sk-abcdefghijklmnopqrstuv" not in line and "hf_0123456789abcdefghij" not in line
     assert "OMP_NUM_THREADS=2" in line and "--port 8000" in line and line.count("<redacted>") == 2
+
+
+# ---------------------------------------------------------------- every spelling of a secret (issue 21, item 9)
+
+NGC = "nvapi-abcdefghijklmnopqrstuvwxyz"
+AZURE_HEX = "0123456789abcdef0123456789abcdef"  # 32 hex: secret only by its key's name (hex values never are)
+AWS_ID = "AKIAIOSFODNN7EXAMPLE"
+
+
+@pytest.mark.parametrize("override,key,secret", [
+    (f"+server.env.NGC_CLI_KEY={NGC}", "server.env.NGC_CLI_KEY", NGC),
+    (f"+server.env.AZURE_OPENAI_KEY={AZURE_HEX}", "server.env.AZURE_OPENAI_KEY", AZURE_HEX),
+    (f"+server.env.ngc_cli_key={AZURE_HEX}", "server.env.ngc_cli_key", AZURE_HEX),
+], ids=["ngc", "azure-hex", "lower-case-env"])
+def test_env_style_keys_and_ngc_keys_are_refused_before_hydra_writes_anything(run, override, key, secret):
+    proc, root, cwd = run("stage=plan", override)
+    assert_refused_and_nothing_written(proc, root, cwd, key, secret)
+
+
+def test_a_lower_case_env_key_in_a_config_file_is_refused_by_the_callback(run, tmp_path):
+    # Not on the command line: only the callback's walk of the composed config sees it, by its dotted key.
+    searchpath = _leaky_conf(tmp_path, f"server:\n  env:\n    azure_openai_key: {AZURE_HEX}\n")
+    proc, root, cwd = run("stage=plan", "experiment=leaky", searchpath)
+    assert_refused_and_nothing_written(proc, root, cwd, "server.env.azure_openai_key", AZURE_HEX)
+
+
+SECRET_NAMES = [
+    # environment-variable style: a credential word among the `_`-separated words
+    "NGC_CLI_KEY", "AZURE_OPENAI_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN",
+    "DB_PASS", "MYSQL_PWD", "SMTP_PASSWD", "SERVICE_CREDENTIALS", "BASIC_AUTH", "OPENAI_APIKEY", "KEY",
+    # a secret word in any spelling
+    "password", "Password", "PASSWORD", "dbPassword", "db_password", "db-password", "user_passwd",
+    "client-secret", "clientSecret", "client_secret", "MY_SECRET_NAME", "secret_name", "aws_credentials",
+    "apiKey", "api-key", "privateKey", "private-key", "accessKey", "authToken", "accessToken", "refresh_secret_ref",
+    # any key directly under an environment dict, judged as the variable it becomes
+    "server.env.ngc_cli_key", "extract.server.env.x_key", "server.env.azure-openai-key", "hydra.job.env_set.MY_KEY",
+    "hydra.job.env_set.hf_token", "+server.env.NGC_CLI_KEY",
+]
+NOT_SECRET_NAMES = [
+    # eagle3's schema keys: redacting them would corrupt records
+    "text_config_key", "exclude_keys", "thinking_keys", "bos_token", "pad_token", "eos_token", "max_new_tokens",
+    "batch_tokens", "assumed_tokens_per_sample", "tokens_per_s", "chars_per_token", "num_draft_tokens",
+    "num_key_value_heads", "tokenize", "sort_key", "dataset.columns.key", "key", "keys",
+    # environment variables that are not credentials
+    "TOKENIZERS_PARALLELISM", "CUDA_VISIBLE_DEVICES", "MAX_TOKENS", "BYPASS_CACHE", "KEYBOARD_LAYOUT",
+    "server.env.TOKENIZERS_PARALLELISM", "server.env.CUDA_VISIBLE_DEVICES", "server.env.SGL_ENABLE_JIT_DEEPGEMM",
+    "server.env.max_tokens", "server.env.PWD", "PWD",
+]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_a_secret_name_is_secret_in_every_spelling(name):
+    from eagle3.config.secrets import find_secrets, is_secret_key, redact, redact_text
+
+    assert is_secret_key(name)
+    *parents, last = name.lstrip("+").split(".")
+    cfg: dict = {last: AZURE_HEX}
+    for parent in reversed(parents):
+        cfg = {parent: cfg}
+    assert [f.key for f in find_secrets(cfg)] == [name.lstrip("+")]
+    assert AZURE_HEX not in json.dumps(redact(cfg))
+    assert redact_text(f"{name}={AZURE_HEX} vllm serve m") == f"{name}=<redacted> vllm serve m"
+
+
+@pytest.mark.parametrize("name", NOT_SECRET_NAMES)
+def test_a_schema_or_harmless_name_is_not_secret(name):
+    from eagle3.config.secrets import find_secrets, is_secret_key, redact, redact_text
+
+    assert not is_secret_key(name)
+    *parents, last = name.split(".")
+    cfg: dict = {last: "value123"}
+    for parent in reversed(parents):
+        cfg = {parent: cfg}
+    assert find_secrets(cfg) == [] and redact(cfg) == cfg
+    assert redact_text(f"{name}=value123 run") == f"{name}=value123 run"
+
+
+SECRET_VALUES = [NGC, "nvapi-" + "Ab3_-" * 12, AWS_ID, "ASIAZ2ABCDEFGHIJ7XYZ", "glpat-abcdefghij0123456789",
+                 "xoxb-1234567890-abcdefghij", "xoxp-0123456789-abc", "AIza" + "Sy0123456789abcdefghijklmnopqrstu_-"]
+NOT_SECRET_VALUES = [
+    "0123456789abcdef" * 4,  # a sha256
+    "0123456789abcdef0123456789abcdef01234567",  # a fingerprint
+    AZURE_HEX, AZURE_HEX.upper(),
+    "moonshotai/Kimi-K2.5", "nvidia/Llama-3.1-Nemotron-Nano-8B-v1", "nvapi-short",
+    "AKIA" + "A" * 17,  # too long for an AWS key id
+    "akiaiosfodnn7example", "/data/AKIA/x", "xoxo-hugs", "AIzaShort",
+]
+
+
+@pytest.mark.parametrize("value", SECRET_VALUES)
+def test_a_known_token_shape_is_secret_under_any_key(value):
+    from eagle3.config.secrets import find_secrets, redact, redact_text
+
+    (found,) = find_secrets({"data": {"notes": f"see {value} here"}})
+    assert found.key == "data.notes" and value not in found.shown and "environment" in found.valid
+    assert value not in json.dumps(redact({"data": {"notes": value}}))
+    assert redact_text(f"NGC_CLI_KEY={value} vllm serve m") == "NGC_CLI_KEY=<redacted> vllm serve m"
+    assert redact_text(f"launching with {value} now") == "launching with <redacted> now"
+
+
+@pytest.mark.parametrize("value", NOT_SECRET_VALUES)
+def test_hex_digests_and_look_alikes_are_not_secret(value):
+    from eagle3.config.secrets import find_secrets, redact, redact_text
+
+    assert find_secrets({"data": {"notes": value, "fingerprint": value}}) == []
+    assert redact({"data": {"fingerprint": value}}) == {"data": {"fingerprint": value}}
+    assert redact_text(f"model={value} run") == f"model={value} run"
+
+
+def test_records_redact_env_keys_by_their_parent():
+    """`redact` (job.json, manifests, W&B) knows an `env` dict's keys are environment variables."""
+    from eagle3.config.secrets import redact, redact_overrides
+
+    record = {"server": {"env": {"ngc_cli_key": AZURE_HEX, "OMP_NUM_THREADS": "2"}},
+              "hydra": {"job": {"env_set": {"my_token": AZURE_HEX}}}, "notes": f"NGC_CLI_KEY={NGC}"}
+    out = redact(record)
+    assert AZURE_HEX not in json.dumps(out) and NGC not in json.dumps(out)
+    assert out["server"]["env"]["OMP_NUM_THREADS"] == "2"
+    assert redact_overrides([f"+server.env.AZURE_OPENAI_KEY={AZURE_HEX}", "stage=plan"]) == \
+        ["+server.env.AZURE_OPENAI_KEY='<redacted>'", "stage=plan"]
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["model=kimi_k25"], ["experiment=plan_v4_100k"], ["logger=wandb"], ["server=sglang_sm120"],
+    ["server=vllm_gpu", "model=llama31_8b"], ["server=sglang_h200", "dataset=plan_v4"],
+], ids=lambda o: ",".join(o) or "default")
+def test_no_key_of_a_composed_config_is_taken_for_a_secret(overrides):
+    """A name rule that flags a schema key would refuse real configs and blank it in every record."""
+    from omegaconf import OmegaConf
+
+    from eagle3.config.secrets import find_secrets, redact
+    from tests.conftest import compose_config
+
+    plain = OmegaConf.to_container(compose_config(overrides), resolve=False)
+    assert find_secrets(plain) == []
+    assert redact(plain) == plain

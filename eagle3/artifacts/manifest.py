@@ -232,6 +232,32 @@ class Manifest:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
 
+    # ------------------------------------------------------------------ paths it recorded
+    # Every unit lives at `<root>/<stage>/<unit dir>`, and a unit's inputs under the same root. A
+    # manifest records absolute paths, so a root copied (`cp -a rootA rootB`) or moved would send its
+    # readers back to the old root; these map a recorded path to the same place under the root the
+    # manifest is read from now.
+    def input_dir(self, name: str) -> Path:
+        """The directory of input `name`, under the root this manifest is read from (not the one it was written in)."""
+        if self.dir is None:
+            return Path(self.inputs[name]["path"])
+        recorded = Path(self.inputs[name]["path"])
+        return Path(self.dir).parent.parent / recorded.parent.name / recorded.name
+
+    def relocate(self, recorded: str | Path) -> Path:
+        """A path this manifest recorded, moved with its root when it lay under the root of the run that wrote it.
+
+        That root is read off the recorded inputs (each `<root>/<stage>/<unit>`); a path outside it (an
+        `extract.store_root` on another disk) is returned unchanged.
+        """
+        path = Path(recorded)
+        if self.dir is None or not self.inputs:
+            return path
+        written_root = Path(next(iter(self.inputs.values()))["path"]).parent.parent
+        if not path.is_relative_to(written_root):
+            return path
+        return Path(self.dir).parent.parent / path.relative_to(written_root)
+
     # ------------------------------------------------------------------ checks & display
     @property
     def total_bytes(self) -> int:

@@ -65,5 +65,6 @@ def check_reusable(directory: Path, manifest: Manifest, fingerprint: str) -> Non
     if problems:
         raise UntrustedOutput(
             f"complete output {directory} cannot be trusted: {'; '.join(problems[:5])}"
-            f"{' ...' if len(problems) > 5 else ''}; rerun with force=true to rebuild it"
+            f"{' ...' if len(problems) > 5 else ''}; rebuild it: rerun with stage={manifest.stage} force=true "
+            "(and this command's other overrides), then this command"
         )

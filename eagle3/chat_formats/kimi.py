@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 BOS, EOS, PAD = "[BOS]", "[EOS]", "[PAD]"
 IM_END, IM_USER, IM_ASSISTANT = "<|im_end|>", "<|im_user|>", "<|im_assistant|>"
@@ -57,6 +58,62 @@ def assistant_tail(message: dict) -> str:
     if message.get("tool_calls"):
         text += render_tool_calls(message["tool_calls"])
     return text + IM_END
+
+
+_KIMI_CALL_ID_RE = re.compile(r"functions\.(?P<name>.+):(?P<index>\d+)")
+
+
+def kimi_call_id(name: str, index: int) -> str:
+    """Kimi's tool-call id, ``functions.{name}:{index}``; the index counts the conversation's calls from 0."""
+    return f"functions.{name}:{index}"
+
+
+def with_kimi_call_ids(conv: dict) -> dict:
+    """`conv` with every tool-call id in Kimi's own form, and each tool result's `tool_call_id` to match.
+
+    Kimi-K2.5 writes its calls as ``functions.{name}:{index}``, and the template renders an id verbatim
+    (``<|tool_call_begin|>{id}``, ``## Return of {id}``). Datasets in OpenAI form carry ids such as
+    ``call_1`` or ``call_59adf...``: trained on as they are, the function name vanishes from the text
+    and the draft learns ids the target never emits. An id already of the form, naming its own
+    function, is kept; any other becomes ``functions.{name}:{index}`` with the call's place among the
+    conversation's calls. Ids repeat across turns in some datasets (every turn's first call is
+    ``call_1``), so a tool result is matched to the calls of the assistant turn before it.
+    """
+    messages = conv.get("messages")
+    if not isinstance(messages, list) or not any(isinstance(m, dict) and m.get("tool_calls") for m in messages):
+        return conv
+    out, index, renamed = [], 0, {}
+    for message in messages:
+        if not isinstance(message, dict):
+            out.append(message)
+            continue
+        if message.get("role") == "assistant":
+            renamed = {}
+            calls = []
+            for call in message.get("tool_calls") or []:
+                name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+                old = call.get("id") if isinstance(call, dict) else None
+                match = _KIMI_CALL_ID_RE.fullmatch(old) if isinstance(old, str) else None
+                if isinstance(name, str) and not (match and match["name"] == name):
+                    renamed[old] = kimi_call_id(name, index)
+                    call = {**call, "id": renamed[old]}
+                calls.append(call)
+                index += 1
+            if calls:
+                message = {**message, "tool_calls": calls}
+        elif message.get("role") == "tool" and message.get("tool_call_id") in renamed:
+            message = {**message, "tool_call_id": renamed[message["tool_call_id"]]}
+        out.append(message)
+    return {**conv, "messages": out}
+
+
+def renders_kimi_tool_calls(template: Any) -> bool:
+    """Whether a chat template renders tool calls as Kimi's (`<|tool_call_begin|>{id}...`), ids verbatim.
+
+    Told from the template text, not the tokenizer's vocabulary: a tokenizer may carry Kimi's
+    tokens under another template, and a Kimi-derived checkpoint under any name renders them.
+    """
+    return isinstance(template, str) and TOOL_CALL_BEGIN in template and TOOL_CALL_ARG in template
 
 
 def _call_name(call_id: str) -> str:

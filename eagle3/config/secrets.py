@@ -7,9 +7,24 @@ composed config into `<run dir>/.hydra/`, a sweep names job directories after th
 slips through (a notebook, a library caller) is redacted where eagle3 writes records.
 
 A value is a secret when
-* its key names one (`SECRET_KEY_RE`: `HF_TOKEN`, `WANDB_API_KEY`, `password`, ...; an
-  upper-case environment-variable name ending in `TOKEN` too) and it is not empty;
-* it has the shape of a known token (`hf_...`, `sk-...`, GitHub's `ghp_...`) under any key;
+* its key names one, in any spelling, and the value is not empty (`is_secret_key`):
+  - a name that, lower-cased with `_`/`-` dropped (so `dbPassword`, `client-secret`,
+    `MY_SECRET_NAME` alike), contains `password`, `passwd`, `secret`, `credential`, `apikey`,
+    `apitoken`, `privatekey`, `accesskey`, `authtoken` or `accesstoken`; or one of `SECRET_KEY_RE`
+    (`token`, `api_key`, `hf_token`, `authorization`, ...);
+  - an upper-case environment-variable name one of whose `_`-separated words is KEY, TOKEN,
+    SECRET, PASSWORD, PASSWD, PWD, PASS, CREDENTIAL(S), APIKEY or AUTH (`NGC_CLI_KEY`,
+    `AZURE_OPENAI_KEY`, `AWS_ACCESS_KEY_ID`, `HF_TOKEN`), or that ends in `TOKEN`; not `PWD`
+    itself, the shell's working directory;
+  - any key directly under an environment dict (`server.env.*`, `hydra.job.env_set.*`), judged
+    by the environment-variable rule on its upper-cased name: it becomes a server's environment,
+    so `server.env.ngc_cli_key` is `NGC_CLI_KEY`.
+  A lower-case `*_key` / `*_token` elsewhere is not: configs have `text_config_key`, `sort_key`,
+  `bos_token`, `max_new_tokens` (schema keys, which redaction must not blank in records);
+* it has the shape of a known token under any key (`_TOKEN_SHAPES`: Hugging Face `hf_...`,
+  `sk-...`, GitHub `ghp_...`, NVIDIA NGC `nvapi-...`, AWS key ids `AKIA...`/`ASIA...`, GitLab
+  `glpat-...`, Slack `xox?-...`, Google `AIza...`); never a plain hex string, which is what
+  eagle3's fingerprints and sha256 values look like (a hex key is caught by its name instead);
 * it is a URL with credentials: `user:password@` (or `token@` on http/https), or a query
   parameter named like a secret (`?token=`, `?api_key=`, `?sig=`);
 * it follows a secret-named flag in an argument list (`--api-key X`, `--api-key=X`, `--token X`).
@@ -34,21 +49,43 @@ SECRET_KEY_RE = re.compile(
 )
 # An environment variable (upper case) ending in TOKEN is a credential (HF_TOKEN, GITHUB_TOKEN, ...).
 _ENV_TOKEN_NAME_RE = re.compile(r"^[A-Z0-9_]*TOKEN$")
+# Words that make a name a secret wherever they are inside it, once lower-cased and stripped of `_`/`-`
+# (`dbPassword`, `client-secret`, `MY_SECRET_NAME`). None is a part of an eagle3 schema key: a bare
+# `key` or `token` is not here because `text_config_key`, `sort_key`, `bos_token`, `max_new_tokens` are.
+_SECRET_NAME_WORDS = ("password", "passwd", "secret", "credential", "apikey", "apitoken", "privatekey",
+                      "accesskey", "authtoken", "accesstoken")
+# An environment-variable style name (`NGC_CLI_KEY`) is a secret when one of its `_`-separated words is
+# one of these: environment variables are where credentials live, and their names say so in one word.
+_ENV_NAME_RE = re.compile(r"^[A-Z0-9_]+$")
+_ENV_SECRET_WORDS = frozenset({"KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PWD", "PASS", "CREDENTIAL",
+                               "CREDENTIALS", "APIKEY", "AUTH"})
+# `PWD` alone is the shell's working directory, not a password (and shows up in command lines).
+_ENV_NOT_SECRET = frozenset({"PWD"})
+# A key directly under one of these is an environment variable whatever its case (`server.env.ngc_cli_key`
+# becomes NGC_CLI_KEY in the server's environment; Hydra's `hydra.job.env_set`).
+_ENV_PARENTS = frozenset({"env", "env_set"})
 # Query parameters that carry credentials besides the secret key names.
 _SECRET_QUERY_NAMES = frozenset({"key", "sig", "signature", "auth", "apikey"})
-# Known token shapes, found under any key: Hugging Face, OpenAI-style, GitHub.
+# Known token shapes, found under any key. Each has a fixed prefix that no path, model name or hex
+# digest has, so a match is a credential whatever its key; a bare hex string is never one (eagle3's
+# fingerprints and sha256 values are hex).
 _TOKEN_SHAPES = (
     ("a Hugging Face token", re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}")),
     ("an API key (sk-...)", re.compile(r"(?<![A-Za-z0-9-])sk-[A-Za-z0-9_-]{16,}")),
     ("a GitHub token", re.compile(r"(?<![A-Za-z0-9])(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ("an NVIDIA NGC key", re.compile(r"(?<![A-Za-z0-9])nvapi-[A-Za-z0-9_-]{20,}")),
+    ("an AWS access key id", re.compile(r"(?<![A-Z0-9])(AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])")),
+    ("a GitLab token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}")),
+    ("a Slack token", re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}")),
+    ("a Google API key", re.compile(r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])")),
 )
 # scheme://userinfo@ -- group 2 is the userinfo.
 _URL_USERINFO_RE = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)([^/\s@?#]+)@")
 _QUERY_PARAM_RE = re.compile(r"([?&;])([A-Za-z0-9_.-]+)=([^&;#\s'\",\]]+)")
 # --flag=value or --flag value inside free text (a shell command line, an error message).
 _TEXT_FLAG_RE = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_-]*)(=|\s+)([^\s'\",\]]+)")
-# NAME=value inside free text (`HF_TOKEN=... vllm serve`, an override string).
-_TEXT_ASSIGN_RE = re.compile(r"(?<![\w.-])([+~]{0,2}[A-Za-z_][A-Za-z0-9_.]*)=([^\s'\",\]]+)")
+# NAME=value inside free text (`HF_TOKEN=... vllm serve`, an override string, `client-secret=...`).
+_TEXT_ASSIGN_RE = re.compile(r"(?<![\w.-])([+~]{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=([^\s'\",\]]+)")
 
 _ENV_HINT = ("export it in the environment eagle3 runs in (HF_TOKEN, WANDB_API_KEY, VLLM_API_KEY; "
              "servers inherit it)")
@@ -66,10 +103,30 @@ class Finding(NamedTuple):
     valid: str
 
 
+def _has_secret_word(name: str) -> bool:
+    """`dbPassword`, `client-secret`, `MY_SECRET_NAME`: a secret word however the name is spelt."""
+    flat = name.lower().replace("_", "").replace("-", "")
+    return any(word in flat for word in _SECRET_NAME_WORDS)
+
+
+def _is_secret_env_name(name: str) -> bool:
+    """`NGC_CLI_KEY`, `AWS_ACCESS_KEY_ID`, `HF_TOKEN`: an upper-case name with a credential word in it."""
+    return (bool(_ENV_NAME_RE.match(name)) and name not in _ENV_NOT_SECRET
+            and any(part in _ENV_SECRET_WORDS for part in name.split("_")))
+
+
 def is_secret_key(name: Any) -> bool:
-    """True for a key whose value is a credential (`HF_TOKEN`, `api_key`, `server.env.WANDB_API_KEY`)."""
-    last = str(name).rsplit(".", 1)[-1].lstrip("+~")
-    return bool(SECRET_KEY_RE.search(last.lower()) or _ENV_TOKEN_NAME_RE.match(last))
+    """True for a key whose value is a credential (`HF_TOKEN`, `api_key`, `dbPassword`, `server.env.ngc_cli_key`).
+
+    `name` may be dotted: its last segment is judged, and when the segment before it is an
+    environment dict (`env`, `env_set`) it is judged as the environment variable it becomes too.
+    """
+    parts = str(name).lstrip("+~").rsplit(".", 2)
+    last = parts[-1].lstrip("+~")
+    if (SECRET_KEY_RE.search(last.lower()) or _ENV_TOKEN_NAME_RE.match(last) or _has_secret_word(last)
+            or _is_secret_env_name(last)):
+        return True
+    return len(parts) > 1 and parts[-2] in _ENV_PARENTS and _is_secret_env_name(last.upper().replace("-", "_"))
 
 
 def _flag_name(arg: str) -> Optional[str]:
@@ -80,8 +137,9 @@ def _flag_name(arg: str) -> Optional[str]:
 
 
 def _is_secret_flag(arg: str) -> bool:
+    """`--api-key`, `--token`, `--db-password`: a flag whose value is a credential (flags are not env names)."""
     name = _flag_name(arg)
-    return bool(name) and bool(SECRET_KEY_RE.search(name.lower()))
+    return bool(name) and bool(SECRET_KEY_RE.search(name.lower()) or _has_secret_word(name))
 
 
 def _redact_url(match: re.Match) -> str:
@@ -164,7 +222,7 @@ def _walk(node: Any, key: str, name: Optional[str]) -> Iterator[Finding]:
         return
     if node is None or isinstance(node, bool) or node == "":
         return
-    if name is not None and is_secret_key(name):
+    if name is not None and is_secret_key(key or name):  # the dotted key: `env.x_key` is an env var
         yield Finding(key, REDACTED, "secrets must not be written in a config (Hydra copies it into .hydra/, "
                       "job.json and logs)", _ENV_HINT)
         return
@@ -239,10 +297,16 @@ def find_secrets_in_overrides(overrides: Iterable[str]) -> list[Finding]:
 
 def redact(obj: Any) -> Any:
     """A copy of plain data (a record, a manifest, a config) with every secret replaced by `<redacted>`."""
+    return _redact(obj, "")
+
+
+def _redact(obj: Any, parent: str) -> Any:
+    """`redact` of `obj`, the value of key `parent` ("" for none): the keys of an `env` dict are env variables."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if is_secret_key(k) and _is_set_scalar(v) else redact(v)) for k, v in obj.items()}
+        return {k: (REDACTED if is_secret_key(f"{parent}.{k}" if parent else k) and _is_set_scalar(v)
+                    else _redact(v, str(k))) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        items = [redact(v) for v in obj]
+        items = [_redact(v, "") for v in obj]
         for i, v in enumerate(obj):
             if isinstance(v, str) and _is_secret_flag(v) and "=" not in v and i + 1 < len(items) \
                     and not str(obj[i + 1]).startswith("-"):

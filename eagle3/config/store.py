@@ -13,6 +13,7 @@ config validation reports as one line under the key to set (`resolution_cause`).
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -186,5 +187,7 @@ def register_configs() -> None:
         "eagle3_asset", lambda name: str(asset_path(name)), replace=True
     )
     OmegaConf.register_new_resolver("eagle3_job_dirname", job_dirname, replace=True)
+    # Run and sweep directories carry it (conf/config.yaml): a clock second is not unique between jobs.
+    OmegaConf.register_new_resolver("eagle3_pid", os.getpid, replace=True)
     OmegaConf.register_new_resolver(CHECKPOINT_RESOLVER, checkpoint_value, replace=True)
     _registered = True

@@ -11,6 +11,9 @@ torch-free module that acts on it, so a new choice is added in one place.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import inspect
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -230,6 +233,8 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     err.positive("train.log_every_n_steps", tr.log_every_n_steps)
     err.positive("train.eval_every_n_epochs", tr.eval_every_n_epochs)
     err.choice("train.export_dtype", tr.export_dtype, DTYPES)
+    err.not_negative("train.num_workers", tr.num_workers, ">= 0 (0 = load in the training process)")
+    _check_optimizer(tr.optimizer, err)
     if tr.max_epochs < 1 and tr.max_steps < 1:
         err.add("train.max_epochs", tr.max_epochs, "with max_steps <= 0 training would never stop",
                 ">= 1, or set train.max_steps")
@@ -265,7 +270,20 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     data = cfg.data
     err.positive("data.scale", data.scale, allow_none=True)
     err.positive("data.max_len", data.max_len)
-    err.not_negative("data.eval_size", data.eval_size)
+    if data.eval_size < 1:
+        # Validation during training, vocab coverage_eval, eval's simulated and real acceptance all read the
+        # eval split: over 0 samples they would report 1.0 made of nothing.
+        err.add("data.eval_size", data.eval_size, "the eval split feeds every accept-length and coverage figure; "
+                "with no samples they would be numbers made of nothing", ">= 1 (e.g. 16)")
+
+
+def _check_optimizer(opt: DictConfig, err: ConfigErrors) -> None:
+    """The schema's optimizer arguments in their ranges (a negative LR trains away from the target)."""
+    err.positive("train.optimizer.lr", opt.lr)
+    betas = list(opt.betas or [])
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        err.add("train.optimizer.betas", betas, "Adam's two moment decays", "two numbers in [0, 1), e.g. [0.9, 0.95]")
+    err.not_negative("train.optimizer.weight_decay", opt.weight_decay)
 
 
 def _check_extract_server(cfg: DictConfig, err: ConfigErrors) -> None:
@@ -313,6 +331,63 @@ def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:
                     "the request", "fields other than " + ", ".join(sorted(RESERVED_BODY_FIELDS)))
 
 
+def _check_known_keys(node: DictConfig, key: str, err: ConfigErrors) -> None:
+    """Every key under a schema node is one the schema declares: `+train.max_epoch=1` is refused, not ignored.
+
+    Hydra's `+key=value` adds a key to a typed node without complaint, and nothing would ever read it
+    (the run would train `train.max_epochs` epochs while the user believes they set one). Nodes the
+    schema types as dicts (`dataset.sources.<name>.columns`, `server.env`, `generate.http.extra_body`) take
+    any key. A node with a `_target_` (the optimizer, the logger) is built from its keys, so an extra key
+    is a constructor argument: accepted when the class takes it, refused when it does not.
+    """
+    schema = OmegaConf.get_type(node)
+    if schema is not None and dataclasses.is_dataclass(schema):
+        declared = {f.name for f in dataclasses.fields(schema)}
+        extra = [str(k) for k in node.keys() if str(k) not in declared]
+        if extra and "_target_" in node:
+            _check_target_arguments(node, key, extra, err)
+            extra = []
+        for name in extra:
+            where = f"{key}.{name}" if key else name
+            close = difflib.get_close_matches(name, sorted(declared), n=3)
+            err.add(where, OmegaConf.to_container(node, resolve=False)[name],
+                    f"not a key of {key or 'the config'} (the schema has no such key, so nothing would read it)",
+                    ("did you mean " + " or ".join(close) + "?") if close else ", ".join(sorted(declared)))
+    for name in node.keys():
+        child = node._get_node(name)
+        if child is None or child._is_missing() or child._is_none() or child._is_interpolation():
+            continue
+        where = f"{key}.{name}" if key else str(name)
+        if isinstance(child, DictConfig):
+            _check_known_keys(child, where, err)
+        elif isinstance(child, ListConfig):
+            for i, item in enumerate(child):
+                if isinstance(item, DictConfig):
+                    _check_known_keys(item, f"{where}[{i}]", err)
+
+
+def _check_target_arguments(node: DictConfig, key: str, extra: list[str], err: ConfigErrors) -> None:
+    """Extra keys of a `_target_` node must be arguments its class takes (the class is imported only here)."""
+    from hydra.utils import get_object
+
+    target = node._get_node("_target_")._value()
+    try:
+        params = inspect.signature(get_object(str(target))).parameters.values()
+    except Exception as exc:  # noqa: BLE001 - an import error, a name that is not there: say which
+        err.add(f"{key}._target_", target, f"cannot be imported ({type(exc).__name__}: {exc})".splitlines()[0],
+                "an importable class, e.g. torch.optim.AdamW")
+        return
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind != inspect.Parameter.VAR_POSITIONAL]
+    for name in extra:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=3)
+            err.add(f"{key}.{name}", OmegaConf.to_container(node, resolve=False)[name],
+                    f"not an argument of {target}", ("did you mean " + " or ".join(close) + "?") if close
+                    else ", ".join(accepted))
+
+
 def _check_secrets(node: Any, key: str, err: ConfigErrors) -> None:
     """Secrets belong in the environment (WANDB_API_KEY, HF_TOKEN, VLLM_API_KEY), never in configs or logs.
 
@@ -351,7 +426,9 @@ def validate_config(cfg: DictConfig, stages: Iterable[str],
     if missing or underived:
         return err.lines  # the rules below read those keys
     _check_secrets(plain, "", err)
+    _check_known_keys(cfg, "", err)
     err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
+    err.positive("lock_timeout_s", cfg.lock_timeout_s)
     _check_model(cfg.model, err, cfg.paths.hf_cache)
     _check_dataset(cfg.dataset, err)
     check_server(cfg.server, cfg.model, err)

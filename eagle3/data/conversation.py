@@ -20,6 +20,8 @@ import json
 import unicodedata
 from typing import Any, Iterable, Optional
 
+from eagle3.chat_formats.kimi import kimi_call_id
+
 ROLES = ("system", "user", "assistant", "tool")
 TRACK_PROMPT_ONLY = "prompt_only"
 TRACK_TARGET_NATIVE = "target_native"
@@ -68,8 +70,9 @@ def join_text_parts(content: Any) -> Any:
 
 
 def make_call_id(name: str, index: int) -> str:
-    """Kimi's tool-call id, ``functions.{name}:{index}`` (index counts calls per conversation)."""
-    return f"functions.{name}:{index}"
+    """The id of a call a dataset gave none: Kimi's form, ``functions.{name}:{index}`` (index counts calls per
+    conversation), which names the function (tokenize writes every id in it for Kimi-format targets)."""
+    return kimi_call_id(name, index)
 
 
 def normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
@@ -77,8 +80,9 @@ def normalize_tool_call(call: Any, index: int) -> dict[str, Any]:
 
     Accepts ``{"id"?, "type"?, "function": {"name", "arguments"}}`` or the flat
     ``{"name", "arguments"}``. Arguments given as an object are serialised to a JSON string;
-    a string is kept as written (a target's own call text is training data, valid JSON or not).
-    Given ids are kept; missing ones become ``functions.{name}:{index}``.
+    a string is kept as written, byte for byte (the conversation check refuses one that is not a
+    JSON object: ``bad_tool_arguments``). Given ids are kept; missing ones become
+    ``functions.{name}:{index}``.
 
     Raises:
         ConversationError: ``bad_tool_call`` when there is no usable name or arguments.
@@ -174,6 +178,25 @@ def _message_problem(i: int, m: Any) -> Optional[Problem]:
                     and isinstance(fn.get("arguments"), str)):
                 return "bad_tool_call", (f"message {i}, call {j}: need {{id, type: function, function: "
                                          f"{{name, arguments: str}}}}, got {json.dumps(call, default=str)[:200]}")
+            problem = _arguments_problem(fn["arguments"])
+            if problem:
+                return "bad_tool_arguments", f"message {i}, call {j} ({fn['name']}): arguments {problem}"
+    return None
+
+
+def _arguments_problem(arguments: str) -> Optional[str]:
+    """Why a call's arguments are not a JSON object, else None.
+
+    A serving engine's tool parser reads them with a JSON parser and the client executes them, so a
+    call whose arguments do not parse is one the target's deployment would have failed: training the
+    draft to write it would teach broken calls (a truncated scrape, a quoting bug in the exporter).
+    """
+    try:
+        value = json.loads(arguments)
+    except ValueError as exc:
+        return f"are not valid JSON ({exc}): {arguments[:80]!r}"
+    if not isinstance(value, dict):
+        return f"are JSON {type(value).__name__}, not an object: {arguments[:80]!r}"
     return None
 
 
@@ -210,7 +233,7 @@ def conversation_problem(conv: Any) -> Optional[Problem]:
             form: system and user turns only, ending in a user turn.
 
     Reasons: ``no_messages``, ``bad_message``, ``missing_role``, ``unknown_role``,
-    ``non_string_content``, ``empty_content``, ``bad_tool_call``, ``bad_tools``,
+    ``non_string_content``, ``empty_content``, ``bad_tool_call``, ``bad_tool_arguments``, ``bad_tools``,
     ``assistant_first``, ``too_few_turns``, ``user_last``, ``tool_last``, ``system_last``,
     ``answer_in_prompt`` (an assistant or tool turn in a prompt-only record).
     """

@@ -8,6 +8,9 @@ opencodeinstruct's `input`/`output`) fits too, as a column remap. When one schem
 contain another's (DeepSWE trajectories are OpenAI `messages` with a SWE task id) the more
 specific wins; two schemas that fit side by side, or none, is an error naming the file and its
 keys: guessing would map every record wrong, and the fix (`dataset.schema=...`) is one word.
+A record that fits no schema at all (`"messages": null`, a missing column) is a broken record,
+not evidence about the file: it is left out of the decision (unless no record fits anything), and
+prep rejects it, just as it rejects the same record further down the file.
 
 `expand_dataset_files` turns the list into ordinary `dataset.sources` (one per file, named after
 it) right after composition, so every stage and the validator see plain sources; it is called by
@@ -29,7 +32,7 @@ from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import DatasetSourceConfig
 from eagle3.data.adapters import ADAPTERS, Adapter
 from eagle3.data.conversation import TRACKS
-from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind, head_records
+from eagle3.data.loading import SUPPORTED_SUFFIXES, UnreadableDataFile, file_kind, head_records
 
 log = logging.getLogger("eagle3")
 
@@ -98,7 +101,9 @@ def _head(path: str, n: int) -> tuple[list[dict], tuple[str, ...]]:
     """The readable records among the first `n` of `path`, and the keys they have (sorted)."""
     try:
         items = head_records(path, n)
-    except (OSError, ValueError) as exc:  # a gzip that is not, a parquet that is not, bad UTF-8
+    except UnreadableDataFile as exc:  # a gzip that is not, or cut short before its first record
+        raise SchemaError(path, exc.why, exc.todo) from None
+    except (OSError, ValueError) as exc:  # a parquet that is not, bad UTF-8 in a JSON array
         raise SchemaError(path, f"cannot be read ({str(exc).splitlines()[0]})",
                           "a .jsonl, .json or .parquet file of records") from None
     if not items:
@@ -124,8 +129,17 @@ def _fit_all(adapter: Adapter, rows: list[dict], columns: Optional[dict]) -> Opt
     return fits[0][0], frozenset().union(*(f[1] for f in fits))
 
 
+def _fitting(rows: list[dict]) -> list[dict]:
+    """The rows some schema fits; all of `rows` when none fits any (the error then names their keys)."""
+    fitting = [row for row in rows if any(_fit(a, row, None) is not None for a in ADAPTERS.values())]
+    return fitting or rows
+
+
 def detect_schema(path: str | os.PathLike[str], n: int = DETECT_RECORDS) -> Detection:
     """The schema of a local data file, from its first `n` records (unreadable ones skipped).
+
+    Records no schema fits (a null or absent required column) are skipped too: they will be
+    prep rejects whatever the schema, so they cannot tell it.
 
     Raises:
         SchemaError: The file is empty or unreadable, no schema fits it, or two fit and neither
@@ -133,6 +147,7 @@ def detect_schema(path: str | os.PathLike[str], n: int = DETECT_RECORDS) -> Dete
     """
     path = str(path)
     rows, keys = _head(path, n)
+    rows = _fitting(rows)
     fits = {name: fit for name, a in ADAPTERS.items() if (fit := _fit_all(a, rows, None)) is not None}
     # A schema whose matched columns strictly contain another's is the more specific reading.
     best = [s for s, (_, cols) in fits.items() if not any(cols < other for _, other in fits.values())]
@@ -154,17 +169,23 @@ def check_schema(path: str | os.PathLike[str], schema: str, columns: Optional[di
                  n: int = DETECT_RECORDS) -> Detection:
     """`schema` (given, not detected) checked against the first records of `path`.
 
+    One fitting record is enough: the others (a null column in a broken record) are prep
+    rejects, as they would be further down the file. None fitting means the columns are wrong.
+
     Raises:
-        SchemaError: The file is empty or unreadable, or its records lack a column `schema` needs.
+        SchemaError: The file is empty or unreadable, or none of its records has every column `schema` needs.
     """
     path = str(path)
     rows, keys = _head(path, n)
     adapter = ADAPTERS[schema]
-    if _fit_all(adapter, rows, dict(columns or {})) is None:
+    if not any(_fit(adapter, row, dict(columns or {})) is not None for row in rows):
         cols = {**adapter.columns, **(columns or {})}
-        missing = next(cols[k] for k in adapter.required if any(row.get(cols[k]) is None for row in rows))
-        raise SchemaError(path, f"schema {schema} needs column {missing!r} but its first records have keys: "
-                          f"{_shown(keys)}", f"+dataset.columns.<key>=<column> (keys of {schema}: "
+        lacking = {cols[k]: sum(row.get(cols[k]) is None for row in rows) for k in adapter.required}
+        missing = max(lacking, key=lambda name: lacking[name])
+        where = "each of its first records" if lacking[missing] == len(rows) else \
+            f"{lacking[missing]} of its first {len(rows)} records, and none has all of {', '.join(lacking)}"
+        raise SchemaError(path, f"schema {schema} needs column {missing!r} but it is absent or null in {where} "
+                          f"(keys: {_shown(keys)})", f"+dataset.columns.<key>=<column> (keys of {schema}: "
                           f"{', '.join(adapter.required)}) or another dataset.schema")
     return Detection(schema, dict(columns or {}), keys)
 

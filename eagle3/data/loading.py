@@ -6,25 +6,67 @@ kills the job (which is what `datasets` does). Hub datasets go through `datasets
 with no token argument: a token in ``HF_TOKEN`` is picked up by the library and never passes
 through configs or logs. `datasets` and pyarrow are imported only when needed, so importing
 this module stays cheap.
+
+Every local file is read as UTF-8 bytes whatever Unicode encoding it was saved in: Windows tools
+and some exporters write "Unicode" as UTF-16 (or UTF-32, or UTF-8 with a BOM), and read as UTF-8
+those bytes are rejects or, worse, garbage text that prep keeps with exit 0. A file that cannot be
+read to its end (a cut-short download of a ``.gz``) stops the unit with one line naming the file
+and the last line read, rather than a traceback or an output that silently lacks its tail.
 """
 
 from __future__ import annotations
 
+import codecs
 import functools
 import gzip
 import io
-import itertools
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
 
 from eagle3.artifacts import file_sha256
 from eagle3.artifacts.records import unencodable_text
+from eagle3.errors import Eagle3Error
 
 #: Local file types a source's `data_files` may list (checked by the config validator).
 SUPPORTED_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
+
+
+#: What a read of a cut-short or damaged compressed file raises (a bad CRC or length is a BadGzipFile).
+_DAMAGED = (EOFError, zlib.error, gzip.BadGzipFile)
+#: ... and what any read can raise besides (an I/O error, a file gone since the config was checked).
+_UNREADABLE = (*_DAMAGED, OSError)
+
+
+class UnreadableDataFile(Eagle3Error):
+    """A local data file cannot be read to its end: the unit stops, unfinished and resumable.
+
+    Per-record trouble is a reject; this is not, because every record after the break is lost
+    and an output without them would look complete. Raised by the readers of this module.
+
+    Attributes:
+        path: The file.
+        why: What went wrong, and where (no path).
+        todo: What to do.
+    """
+
+    def __init__(self, path: str, exc: BaseException, after: Optional[str]) -> None:
+        kind = type(exc).__qualname__ if type(exc).__module__ == "builtins" else \
+            f"{type(exc).__module__}.{type(exc).__qualname__}"  # zlib.error, not a bare "error"
+        cause = f"{kind}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}"
+        where = f"after {after}" if after else "at its start"
+        if isinstance(exc, _DAMAGED):
+            why = f"is truncated or corrupt {where} ({cause})"
+            todo = "restore the file (copy or download it again) and rerun"
+        else:
+            why = f"cannot be read {where} ({cause})"
+            todo = "check that the file is there and readable, and rerun"
+        lost = "the records after it" if after else "its records"
+        super().__init__(f"{path}: {why}; {lost} cannot be read: {todo}")
+        self.path, self.why, self.todo = path, why, todo
 
 
 @dataclass
@@ -94,14 +136,103 @@ def files_sha256(paths: list[str]) -> dict[str, str]:
     return out
 
 
+#: The codec error handler of transcoded files: an undecodable code unit becomes U+DCFF, which
+#: `_Utf8Transcoder` writes as the byte 0xFF, never valid UTF-8, so its line is a reject and the
+#: file goes on (``replace`` would keep the line with its text silently changed).
+_UNDECODABLE = "eagle3.undecodable"
+codecs.register_error(_UNDECODABLE, lambda exc: ("\udcff", exc.end))
+_TRANSCODE_CHARS = 1 << 16
+
+
+class _Utf8Transcoder(io.RawIOBase):
+    """The UTF-8 bytes of a stream in another Unicode encoding, so every reader sees UTF-8.
+
+    Line ends are passed through untranslated: a line of the original is a line here, and a
+    reject's ``file:line`` points into the file as the user's editor shows it.
+    """
+
+    def __init__(self, raw: IO[bytes], encoding: str) -> None:
+        super().__init__()
+        self.source_encoding = encoding
+        self._text = io.TextIOWrapper(raw, encoding=encoding, errors=_UNDECODABLE, newline="")
+        self._pending, self._pos = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._pos >= len(self._pending):
+            chunk = self._text.read(_TRANSCODE_CHARS)
+            if not chunk:
+                return 0
+            self._pending, self._pos = chunk.encode("utf-8", "surrogateescape"), 0
+        n = min(len(buffer), len(self._pending) - self._pos)
+        buffer[:n] = self._pending[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self._text.close()
+        super().close()
+
+
 def _open_text(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+    """The file's content as UTF-8 bytes: decompressed, and transcoded when it was saved in another encoding.
+
+    The encoding is told the way `json` tells it: a BOM, else the NUL bytes of the first
+    characters (JSON starts with ASCII, which UTF-16/32 write with NULs). Plain UTF-8, nearly
+    every file, is the raw stream itself (a BOM skipped): no cost, and a bad byte is still one
+    ``not valid UTF-8`` reject.
+
+    Raises:
+        UnreadableDataFile: The file cannot be opened, or its first bytes cannot be read.
+    """
+    try:
+        fh = gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+    except OSError as exc:
+        raise UnreadableDataFile(path, exc, None) from exc
+    try:
+        encoding = json.detect_encoding(fh.read(4))
+        if encoding in ("utf-8", "utf-8-sig"):
+            fh.seek(len(codecs.BOM_UTF8) if encoding == "utf-8-sig" else 0)
+            return fh
+        fh.seek(0)
+        return io.BufferedReader(_Utf8Transcoder(fh, encoding))
+    except _UNREADABLE as exc:
+        fh.close()
+        raise UnreadableDataFile(path, exc, None) from exc
+    except BaseException:
+        fh.close()
+        raise
+
+
+def _encoding_name(fh: IO[bytes]) -> str:
+    return getattr(getattr(fh, "raw", None), "source_encoding", "utf-8").upper()
+
+
+def _lines(fh: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
+    """`(line number, line)` of `fh`; a read that breaks off raises UnreadableDataFile naming the last line."""
+    lines, lineno = iter(fh), 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            return
+        except _UNREADABLE as exc:
+            raise UnreadableDataFile(path, exc, f"line {lineno}" if lineno else None) from exc
+        lineno += 1
+        yield lineno, raw
 
 
 def iter_jsonl(path: str) -> Iterator[RawItem]:
-    """Records of a JSON-lines file; a bad line is a RawItem with an error, and reading goes on."""
+    """Records of a JSON-lines file; a bad line is a RawItem with an error, and reading goes on.
+
+    Raises:
+        UnreadableDataFile: The file cannot be read to its end (after the records before the break).
+    """
     with _open_text(path) as fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in _lines(fh, path):
             if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -111,21 +242,32 @@ def iter_jsonl(path: str) -> Iterator[RawItem]:
                 yield RawItem(None, where, f"{where}: malformed JSON ({exc.msg}, column {exc.colno})")
                 continue
             except UnicodeDecodeError as exc:
-                yield RawItem(None, where, f"{where}: not valid UTF-8 ({exc.reason})")
+                encoding = _encoding_name(fh)
+                why = exc.reason if encoding == "UTF-8" else "a code unit that is no character"
+                yield RawItem(None, where, f"{where}: not valid {encoding} ({why})")
                 continue
             yield _checked(raw, obj, where)
 
 
+def _is_array(path: str) -> bool:
+    """Whether a ``.json`` file holds a JSON array (else, despite the name, JSON lines)."""
+    with _open_text(path) as fh:
+        try:
+            return fh.read(4096).lstrip().startswith(b"[")
+        except _UNREADABLE as exc:
+            raise UnreadableDataFile(path, exc, None) from exc
+
+
 def _iter_json(path: str) -> Iterator[RawItem]:
     """A ``.json`` file: a JSON array of records, or (despite the name) JSON lines."""
-    with _open_text(path) as fh:
-        head = fh.read(4096).lstrip()
-    if not head.startswith(b"["):
+    if not _is_array(path):
         yield from iter_jsonl(path)
         return
     with _open_text(path) as fh:
         try:
             items = json.load(fh)
+        except _UNREADABLE as exc:
+            raise UnreadableDataFile(path, exc, None) from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             where = f"{path}:{getattr(exc, 'lineno', 1)}"
             yield RawItem(None, where, f"{where}: {getattr(exc, 'msg', exc)} (the whole array is unreadable)")
@@ -155,6 +297,15 @@ def _head_json_array(path: str, n: int) -> list[RawItem]:
     records of a multi-GB array must not, so this reads only as far as they reach.
     """
     items: list[RawItem] = []
+    try:
+        _head_json_array_into(items, path, n)
+    except _UNREADABLE as exc:
+        if not items:
+            raise UnreadableDataFile(path, exc, None) from exc
+    return items
+
+
+def _head_json_array_into(items: list[RawItem], path: str, n: int) -> None:
     decoder = json.JSONDecoder()
     with _open_text(path) as raw:
         fh = io.TextIOWrapper(raw, encoding="utf-8")
@@ -179,15 +330,18 @@ def _head_json_array(path: str, n: int) -> list[RawItem]:
                 continue
             items.append(_checked(b"\\u", obj, f"{path}[{len(items)}]"))
             pos = end
-    return items
 
 
 def head_records(path: str, n: int) -> list[RawItem]:
     """The first `n` raw items of a local data file (unreadable ones included), reading no further.
 
+    A file that breaks off after some records gives those (telling a schema is not checking a
+    file; prep reads on and stops at the break with one line).
+
     Raises:
         ValueError: An unsupported file type.
-        OSError: The file cannot be opened or read (or is not the compression its name says).
+        OSError: A parquet file cannot be opened or read.
+        UnreadableDataFile: The file cannot be opened, or breaks off before its first record.
     """
     kind = file_kind(path)
     if kind is None:
@@ -198,11 +352,21 @@ def head_records(path: str, n: int) -> list[RawItem]:
 
         batch = next(pq.ParquetFile(path).iter_batches(batch_size=n), None)
         return [RawItem(obj, f"{path}#{i}") for i, obj in enumerate(batch.to_pylist() if batch else [])]
-    if kind == "json":
-        with _open_text(path) as fh:
-            if fh.read(4096).lstrip().startswith(b"["):
-                return _head_json_array(path, n)
-    return list(itertools.islice(iter_jsonl(path), n))
+    if kind == "json" and _is_array(path):
+        return _head_json_array(path, n)
+    items: list[RawItem] = []
+    lines = iter_jsonl(path)
+    try:
+        for item in lines:
+            items.append(item)
+            if len(items) >= n:
+                break
+    except UnreadableDataFile:
+        if not items:
+            raise
+    finally:
+        lines.close()
+    return items
 
 
 def latest_dataset_commit(hub_id: str, timeout_s: float = 20.0) -> Optional[str]:

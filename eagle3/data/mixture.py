@@ -25,10 +25,20 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
+from eagle3.errors import Eagle3Error
 
 #: The merge stage's two files, one record per sample, by split (extract and train read them).
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
 SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
+
+
+class ScaleBeyondData(Eagle3Error):
+    """`data.scale` asks for more train samples than the mixture holds: refused, never quietly capped.
+
+    A data-scale sweep whose larger scales are capped trains the same samples under different
+    labels, and its curve would show a plateau that is not there.
+    """
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -140,9 +150,19 @@ def write_mixture(out: StageOutput, sources: dict[str, tuple[Path, Optional[int]
 
     Returns:
         The manifest `extra`: samples and tokens per split, per-source figures, the file names.
+
+    Raises:
+        ScaleBeyondData: `scale` is more than the train samples there are (before anything is written).
     """
     candidates = _read_candidates(sources, out)
     split = split_mixture(candidates, weights, scale, eval_size, seed)
+    if scale is not None and len(split.train) < scale:
+        have = len(split.train)
+        raise ScaleBeyondData(
+            f"merge {out.name}: data.scale={scale} asks for {scale:,} train samples, but the mixture holds {have:,} "
+            f"({len(candidates):,} tokenized, {len(split.eval):,} to the eval split, {len(split.duplicates):,} "
+            f"duplicates, {len(split.zero_weight):,} of zero weight); lower data.scale to at most {have:,}, or add "
+            "data (dataset.sources.<name>.num_samples, more sources)")
     out.count_reject("duplicate_tokens", len(split.duplicates))
     out.count_reject("not_selected", len(split.not_selected))
     out.count_reject("zero_weight", len(split.zero_weight))

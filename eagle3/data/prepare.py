@@ -101,6 +101,10 @@ def _scan(out: StageOutput, unit: str, src: dict, prep: dict, generator_file: Op
             _reject(out, rid, exc.reason, exc.detail, unit, item.where)
         except AdapterError as exc:
             _reject(out, rid, "adapter_error", str(exc), unit, item.where)
+        except (OSError, MemoryError):
+            # The machine's trouble (the spill write hit a full disk), never a verdict on the record: a
+            # reject would be kept by the rerun's resume and lose a valid record for good.
+            raise
         except Exception as exc:  # noqa: BLE001 - a record the adapter cannot read must not end the job
             _reject(out, rid, "adapter_error", f"{type(exc).__name__}: {exc}", unit, item.where)
 

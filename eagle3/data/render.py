@@ -18,6 +18,9 @@ every span and gets mask 0.
 Tokens come from tokenizing ``R`` segment by segment (``add_special_tokens=False``): no offset
 mapping is needed, so slow tokenizers such as Kimi's tiktoken one work too. A BPE merge across a
 boundary would make the segment tokens differ from tokenizing ``R`` in one go, which is checked.
+Text of the tokenizer's added tokens inside the conversation (a code sample quoting ``<|im_end|>``)
+is escaped before rendering and encoded as text (`eagle3.data.special_text`), and the target's chat
+format conventions are applied first (`eagle3.chat_formats.for_target`: Kimi's tool-call ids).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from eagle3.chat_formats.targets import for_target
+from eagle3.data.special_text import SpecialTextError, literal_specials
 
 __all__ = ["Reject", "RenderSettings", "generated_spans", "render", "template_kwargs",
            "tokenize_conversation", "tokenize_spans"]
@@ -148,12 +154,6 @@ def _end_of_generation(tokenizer: Any, turn: str, start: int) -> int:
     return at + len(eos)
 
 
-def _encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    if not texts:
-        return []
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
 def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and a mask that is 1 exactly on the tokens of ``spans``.
 
@@ -173,7 +173,10 @@ def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> t
     if pos < len(text):
         segments.append(text[pos:])
         flags.append(0)
-    encoded = _encode_many(tokenizer, segments + [text])
+    try:  # added-token text the content quoted was escaped before rendering: encoded as text here
+        encoded = literal_specials(tokenizer).encode(tokenizer, segments + [text])
+    except SpecialTextError as exc:
+        raise Reject("special_token_text", str(exc)) from None
     whole = encoded.pop()
     ids: list[int] = []
     mask: list[int] = []
@@ -221,12 +224,19 @@ def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) 
 
     Raises:
         Reject: ``invalid_conversation``, ``template_error``, ``template_not_prefix``,
-            ``reasoning_dropped``, ``boundary_merge``, ``too_long`` (overlength=drop) or ``no_response_tokens``.
+            ``reasoning_dropped``, ``boundary_merge``, ``special_token_text``, ``too_long`` (overlength=drop)
+            or ``no_response_tokens``.
     """
     messages = conv.get("messages")
     if not isinstance(messages, list) or not messages or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         raise Reject("invalid_conversation", "messages must be a non-empty list of objects with a role")
+    conv = for_target(settings.template if settings.template is not None else tokenizer.chat_template, conv)
+    try:  # content that quotes `<|im_end|>` stays text: only the template's own scaffolding yields those ids
+        conv, _ = literal_specials(tokenizer).escape(conv)
+    except SpecialTextError as exc:
+        raise Reject("special_token_text", str(exc)) from None
+    messages = conv["messages"]
     text, spans = generated_spans(tokenizer, conv, settings)
     meta = conv.get("meta") or {}
     if meta.get("truncated") and spans:

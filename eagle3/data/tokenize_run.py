@@ -64,6 +64,8 @@ def tokenize_chunk(tokenizer: Any, settings: RenderSettings, chunk: list[dict]) 
             outcomes.append(("ok", tokenize_conversation(tokenizer, conv, settings)))
         except Reject as rej:
             outcomes.append(("reject", conv["id"], rej.reason, rej.detail, conv.get("source")))
+        except (OSError, MemoryError):
+            raise  # the machine's trouble, not the sample's: a reject would outlive the rerun
         except Exception as exc:  # noqa: BLE001 - reported per sample, see docstring
             detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             outcomes.append(("reject", conv["id"], "tokenize_error", detail[:500], conv.get("source")))

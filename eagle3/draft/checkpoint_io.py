@@ -20,8 +20,10 @@ from eagle3.artifacts import atomic_path
 class AtomicCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Optional[Any] = None) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp:
-            torch.save(checkpoint, tmp)
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            # Through a Python file object: a full disk then surfaces as the OSError(ENOSPC) it is (the
+            # context of torch's zip-writer error), not as a bare "unexpected pos" (eagle3.errors).
+            torch.save(checkpoint, fh)
 
     def load_checkpoint(self, path: str | os.PathLike, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:

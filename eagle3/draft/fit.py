@@ -19,13 +19,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.draft.geometry import engines_refusing, geometry_from_target
+from eagle3.errors import Eagle3Error
 from eagle3.draft.options import AUTO_PRECISION
 from eagle3.serving.engines import ENGINES
 from eagle3.target_info import read_config, resolve_dir
 from eagle3.threads import ranks_share_cores
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
-           "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision", "split_dataset", "training_sets"]
+           "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision", "resume_point", "split_dataset",
+           "training_sets"]
 
 log = logging.getLogger("eagle3")
 CHECKPOINT_DIR = "checkpoints"
@@ -137,17 +139,53 @@ def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
                            seed=int(cfg.seed), num_workers=int(t.num_workers))
     ckpt_dir = unit_dir / CHECKPOINT_DIR
-    resume = ckpt_dir / LAST_CHECKPOINT
     summary = FitSummaryCallback(unit_dir / FIT_SUMMARY)
     trainer = build_trainer(cfg.train, ckpt_dir, loggers, [data.position_callback(), summary])
-    resumed_at = None
-    if resume.is_file():
-        resumed_at = int(torch.load(resume, map_location="cpu", weights_only=True)["global_step"])
+    resume, resumed_at = resume_point(ckpt_dir)
+    if resume is not None:
         log.info("train: resuming from %s (step %d)", resume, resumed_at)
     started = time.perf_counter()
     with ranks_share_cores(int(trainer.num_devices), trainer.strategy.root_device.type == "cpu"):
-        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume.is_file() else None)
+        trainer.fit(module, datamodule=data, ckpt_path=str(resume) if resume is not None else None)
     return FitResult(trainer, module, train_set, eval_set, time.perf_counter() - started, resumed_at)
+
+
+class UnreadableCheckpoints(Eagle3Error):
+    """Every checkpoint a killed fit left is unreadable: resuming from none of them, nor silently from scratch."""
+
+
+def resume_point(ckpt_dir: Path) -> tuple[Optional[Path], Optional[int]]:
+    """The newest readable checkpoint of a killed fit and its step, or `(None, None)` when there is none.
+
+    Checkpoints are written atomically, so a torn one means a damaged disk or a copy cut short; the
+    `step*.ckpt` Lightning keeps beside `last.ckpt` is then the place to resume from. Read with
+    `mmap=True`: opening the archive and one scalar costs no read of the weights.
+
+    Raises:
+        UnreadableCheckpoints: Checkpoints exist but none can be read (one line naming each).
+    """
+    found = sorted(ckpt_dir.glob("*.ckpt")) if ckpt_dir.is_dir() else []
+    readable: list[tuple[int, bool, Path]] = []
+    broken: list[str] = []
+    for path in found:
+        try:
+            step = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        except Exception as exc:  # noqa: BLE001 - torch's zip reader raises RuntimeError, EOFError, KeyError...
+            text = str(exc).strip().splitlines()
+            broken.append(f"{path.name} ({type(exc).__name__}: {text[0][:160] if text else ''})")
+            continue
+        readable.append((step, path.name == LAST_CHECKPOINT, path))
+    if broken and readable:
+        log.warning("train: unreadable checkpoint(s) in %s: %s; resuming from the newest readable one",
+                    ckpt_dir, "; ".join(broken))
+    if not readable:
+        if broken:
+            raise UnreadableCheckpoints(
+                f"train: no checkpoint of the interrupted fit in {ckpt_dir} can be read: {'; '.join(broken)}; "
+                "restore them, or delete that directory to train this unit from the start")
+        return None, None
+    step, _, path = max(readable)  # the newest step; last.ckpt on a tie (it holds the epoch-end state)
+    return path, step
 
 
 def export_engines(module: Any, export_root: Path, dtype: str, metadata: dict[str, Any]) -> dict[str, str]:

@@ -22,11 +22,16 @@ from torch.utils.data import Dataset
 
 from eagle3.artifacts import REJECTS_NAME, Manifest, read_jsonl
 from eagle3.data.mixture import SPLIT_FILES
+from eagle3.errors import Eagle3Error
 from eagle3.extract.store import HiddenStateStore, content_key
 
 
 class AlignmentError(ValueError):
     """Stored states do not belong to the record they are fetched for."""
+
+
+class StatesNotStored(Eagle3Error):
+    """Samples a split needs are not in the hidden-state store; the message says which and what to run."""
 
 
 class HiddenStateDataset(Dataset):
@@ -45,8 +50,10 @@ class HiddenStateDataset(Dataset):
             at H=7168 converting on the CPU costs more per token than reading the bytes.
 
     Raises:
-        KeyError: A sample that was not rejected is missing from the store (an extraction
-            job has not run, or ran with another target/capture/format); names the first ones.
+        StatesNotStored: A sample that was not rejected is missing from the store (an extraction
+            job has not run, or ran with another target/capture/format, or shards were deleted);
+            names the first ones.
+        StoreMissing: There is no store at `store_dir`.
     """
 
     def __init__(self, store_dir: str | os.PathLike[str], split_file: str | os.PathLike[str],
@@ -76,9 +83,9 @@ class HiddenStateDataset(Dataset):
                 keys.append(key)
                 lengths.append(len(record["input_ids"]))
         if missing:
-            raise KeyError(f"{len(missing)} samples of {self.split_file} are not in the store {self.store.dir} "
-                           f"(e.g. ids {missing[:3]}): run stage=extract for every extract.shard of this "
-                           "mix with the same model, capture layers and storage format")
+            raise StatesNotStored(f"{len(missing)} samples of {self.split_file} are not in the store {self.store.dir} "
+                                  f"(e.g. ids {missing[:3]}): run stage=extract for every extract.shard of this "
+                                  "mix with the same model, capture layers and storage format")
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self.keys = keys
         self.lengths = np.asarray(lengths, dtype=np.int64)  # for length-bucketing samplers
@@ -90,8 +97,9 @@ class HiddenStateDataset(Dataset):
                        dtype: Optional[torch.dtype] = None, dequantize: bool = True) -> HiddenStateDataset:
         """The dataset of complete extract manifests (all shard jobs of one mix)."""
         manifests = [manifests] if isinstance(manifests, Manifest) else list(manifests)
-        stores = {m.extra["store_dir"] for m in manifests}
-        merged = {m.inputs["merged"]["path"] for m in manifests}
+        # Where the store and the merge output are now: a copied or moved root reads its own, never the old root's.
+        stores = {str(m.relocate(m.extra["store_dir"])) for m in manifests}
+        merged = {str(m.input_dir("merged")) for m in manifests}
         if len(stores) != 1 or len(merged) != 1:
             raise ValueError(f"extract manifests disagree on store {sorted(stores)} or merge input {sorted(merged)}")
         rejected = set()

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Optional
 
 from eagle3.artifacts import format_bytes
+from eagle3.errors import NoSpaceLeft
 from eagle3.extract import formats
 
 GB = 1_000_000_000
 
 
-class DiskSpaceError(RuntimeError):
+class DiskSpaceError(NoSpaceLeft):
     """The store would not fit; the message is one line with the need and the space."""
 
 

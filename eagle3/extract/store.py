@@ -116,6 +116,10 @@ class ShardCorrupt(Eagle3Error):
     """A shard's bytes are not the ones its index line recorded (sha256 differs)."""
 
 
+class StoreMissing(Eagle3Error):
+    """A directory that should hold a hidden-state store holds none (deleted to free disk, or never written)."""
+
+
 @dataclass
 class IndexEntry:
     """Where one stored sample lives, and what its storage cost in precision."""
@@ -148,7 +152,8 @@ class HiddenStateStore:
         self.dir = Path(directory)
         meta_path = self.dir / STORE_FILE
         if not meta_path.is_file():
-            raise FileNotFoundError(f"{self.dir} is not a hidden-state store (no {STORE_FILE})")
+            raise StoreMissing(f"no hidden-state store at {self.dir} (no {STORE_FILE}: deleted, or never written); "
+                               "run stage=extract with the same config: it extracts what is missing")
         self.meta = json.loads(meta_path.read_text())
         self.storage_format = formats.check_format(self.meta["storage_format"])
         self.hidden_size = int(self.meta["hidden_size"])

@@ -3,21 +3,24 @@
 Checked before it is written: every sample the unit recorded must be in the store, so a manifest
 never claims states that are gone. `counts` describe the unit, whatever runs it took: `extracted`
 is what this unit put in the store (an earlier, killed run of it included), `reused` what another
-unit had stored; figures of the last run alone end in `_this_run` in `extra`.
+unit had stored; figures of the last run alone end in `_this_run` in `extra`. Checked again when
+a complete unit would be reused (`lost_samples`): states deleted since are extracted again.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from eagle3.artifacts import StageOutput, read_jsonl
+from eagle3.errors import Eagle3Error
 from eagle3.extract import formats
 from eagle3.extract.runner import KEYS_FILE, UnitJob
-from eagle3.extract.store import HiddenStateStore, job_name
+from eagle3.extract.store import STORE_FILE, HiddenStateStore, job_name
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
-__all__ = ["unit_summary"]
+__all__ = ["lost_samples", "unit_summary"]
 
 log = logging.getLogger("eagle3")
 
@@ -39,11 +42,25 @@ def _error_stats(store: HiddenStateStore, rows: list[dict]) -> dict[str, float]:
     return {"aux_max": worst[0], "aux_mean": mean[0], "final_max": worst[1], "final_mean": mean[1]}
 
 
+class StatesLost(Eagle3Error):
+    """States an extract unit recorded are gone from the store before the unit could be finalized."""
+
+
+def lost_samples(unit_dir: Path, store_dir: Path) -> list[str]:
+    """Ids a complete extract unit recorded whose states its store no longer holds (all of them when
+    the store is gone: deleted to free disk, or a root copied without it)."""
+    rows = list(read_jsonl(Path(unit_dir) / KEYS_FILE))
+    if not (Path(store_dir) / STORE_FILE).is_file():
+        return [r["id"] for r in rows]
+    store = HiddenStateStore(store_dir)
+    return [r["id"] for r in rows if r["key"] not in store]
+
+
 def unit_summary(job: UnitJob, out: StageOutput, stats: dict[str, Any]) -> dict[str, Any]:
     """The manifest `extra` of an extracted unit, after checking that every sample it recorded is stored.
 
     Raises:
-        RuntimeError: A recorded sample is no longer in the store (a shard deleted between a
+        StatesLost: A recorded sample is no longer in the store (a shard deleted between a
             killed run and this one): the unit is never finalized over it.
     """
     spec, where = job.spec, job.store_dir
@@ -53,8 +70,8 @@ def unit_summary(job: UnitJob, out: StageOutput, stats: dict[str, Any]) -> dict[
     store = HiddenStateStore(where)
     lost = [r["id"] for r in rows if r["key"] not in store]
     if lost:  # e.g. a shard deleted between a killed run and this one: never finalize a lie
-        raise RuntimeError(f"{len(lost)} samples this unit recorded are no longer in the store {where} "
-                           f"(e.g. {lost[:3]}); rerun with force=true to extract them again")
+        raise StatesLost(f"{len(lost)} samples this unit recorded are no longer in the store {where} "
+                         f"(e.g. {lost[:3]}); rerun with stage=extract force=true to extract them again")
     extracted = [r for r in rows if not r["reused"]]
     tokens = sum(r["seq_len"] for r in rows)
     tokens_extracted = sum(r["seq_len"] for r in extracted)

@@ -167,6 +167,7 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
         err.add(f"{key}.port", server.port, "not a TCP port", "1-65535")
     err.positive(f"{key}.tp", server.tp)
     err.positive(f"{key}.dp", server.dp)
+    err.positive(f"{key}.context_length", server.context_length, allow_none=True)
     for url in server.urls:
         if not str(url).startswith(("http://", "https://")):
             err.add(f"{key}.urls", url, "not an HTTP endpoint", "http://HOST:PORT")

@@ -62,7 +62,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
         merged_dir = Path(states["merged"].dir)
     else:
         states = {"extract": require(EXTRACT, cfg, ctx, unit)}
-        merged_dir = Path(states["extract"].inputs["merged"]["path"])
+        merged_dir = states["extract"].input_dir("merged")
     m, ev = cfg.model, cfg.eval
     geometry, draft, head = load_eval_draft(Path(trained.dir) / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
                                             revision=m.revision, cache_dir=cfg.paths.hf_cache,

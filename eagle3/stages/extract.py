@@ -7,17 +7,17 @@ it), the rejects, and a manifest whose `extra` says where the store is, what it 
 how lossy it is, and which aux layer ids each serving engine must be given for this capture.
 
 `extract.dry_run=true` prints the disk estimate of the configured plan and stops (no merge
-output, no model). A store that does not fit, or a disk that fills mid-run, ends the job with one
-line on stderr and exit code 4; the rerun resumes from the complete shards. `force=true` redoes
+output, no model). A store that does not fit (`eagle3.extract.preflight.DiskSpaceError`), or a disk
+that fills mid-run, ends the job with one line on stderr and exit code 4 (`eagle3.cli`); the rerun
+resumes from the complete shards. `force=true` redoes
 the unit's bookkeeping, not the stored tensors (they are shared; delete the store directory to
 recompute them).
 """
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,19 +25,17 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.draft.options import ONLINE
-from eagle3.extract.preflight import DiskSpaceError, plan_report
+from eagle3.extract.preflight import plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.sources import open_states
 from eagle3.extract.store import StoreSpec
-from eagle3.extract.summary import unit_summary
-from eagle3.extract.writer import DiskFull
+from eagle3.extract.summary import lost_samples, unit_summary
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.merge import MERGE
 from eagle3.target_info import target_identity
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
-EXIT_NO_SPACE = 4
 
 
 def store_spec(cfg: DictConfig) -> StoreSpec:
@@ -114,25 +112,31 @@ def dry_run(cfg: DictConfig) -> str:
 
 
 class ExtractStage(UnitStage):
-    """UnitStage plus the dry run and the clean stop on a full disk."""
+    """UnitStage plus the dry run, and a complete unit redone when its store lost samples.
+
+    A full disk is the entrypoint's one line and exit 4, as for every stage.
+    """
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
         if cfg.extract.dry_run:
             print(dry_run(cfg), flush=True)
             return []
-        try:
-            return super().__call__(cfg, ctx)
-        except (DiskSpaceError, DiskFull) as exc:
-            # One line, no traceback: the fix is disk space or config, and a rerun resumes.
-            print(f"eagle3: {exc}".replace("\n", " "), file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_NO_SPACE) from None
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # The unit directory's own files (keys.jsonl, rejects, manifest) on a full paths.root.
-            print(f"eagle3: no space left on device while writing the extract unit under paths.root={ctx.root} "
-                  f"({exc}); free space and rerun: the unit resumes".replace("\n", " "), file=sys.stderr, flush=True)
-            raise SystemExit(EXIT_NO_SPACE) from None
+        if not ctx.force and self._lost_states(cfg, ctx):
+            # The unit's bookkeeping is redone; the store is content-keyed, so only what is gone is computed.
+            ctx = dataclasses.replace(ctx, force=True)
+        return super().__call__(cfg, ctx)
+
+    def _lost_states(self, cfg: DictConfig, ctx: StageContext) -> bool:
+        """Whether a complete unit's samples are no longer all in the store (shards or the store deleted)."""
+        lost_any = False
+        for unit in self.units(cfg):
+            where, manifest = self.locate(cfg, ctx, unit)
+            lost = lost_samples(where, store_dir(cfg)) if manifest is not None else []
+            if lost:
+                log.warning("[extract] %s: complete, but %d of its samples are no longer in the store %s (e.g. %s); "
+                            "extracting them again", unit, len(lost), store_dir(cfg), ", ".join(map(str, lost[:3])))
+                lost_any = True
+        return lost_any
 
 
 EXTRACT = ExtractStage(

@@ -25,7 +25,7 @@ from eagle3.target_info import tokenizer_identity
 
 TOKENIZED_FILE = "tokenized_data.jsonl"
 #: Bump when the record layout or the mask rule changes: old outputs must not be reused.
-FORMAT_VERSION = 2  # 2: a turn's target output ends at its end-of-turn token (not the separator after it)
+FORMAT_VERSION = 3  # 2: a turn ends at its end-of-turn token; 3: quoted special-token text is text, Kimi call ids
 
 
 def _template_text(cfg: DictConfig) -> Optional[str]:
