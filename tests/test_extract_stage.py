@@ -24,7 +24,7 @@ from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
 from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
 from eagle3.extract.preflight import DiskSpaceError
 from eagle3.extract.dataset import HiddenStateDataset, StatesNotStored
-from eagle3.extract.store import HiddenStateStore
+from eagle3.extract.store import HiddenStateStore, ShardCorrupt, StoreMissing
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config
 from eagle3.stages.base import StageContext, UnitStage
@@ -504,3 +504,51 @@ def test_a_full_paths_root_is_a_disk_full_and_a_rerun_resumes(target_dir, tmp_pa
         assert done.status == "complete" and done.counts["out"] == 20
     finally:
         subprocess.run(["umount", str(root)], check=True)
+
+
+def test_a_copied_root_reads_its_own_store_and_merge_output(target_dir, tmp_path):
+    """`cp -a rootA rootB`: training in rootB reads rootB's files (a flipped byte there is seen), never rootA's."""
+    records = make_records(20, seed=4)
+    root_a, root_b = tmp_path / "rootA", tmp_path / "rootB"
+    write_merge(config(target_dir, root_a), root_a, records[:16], records[16:])
+    run(config(target_dir, root_a), root_a)
+    subprocess.run(["cp", "-a", str(root_a), str(root_b)], check=True)
+    [unit_b] = (root_b / "extract").iterdir()
+    manifest_b = Manifest.load(unit_b)
+    data = HiddenStateDataset.from_manifests(manifest_b, "train")
+    assert data.store.dir == Path(extract_stage.store_dir(config(target_dir, root_b)))
+    assert data.split_file.is_relative_to(root_b) and len(data) == 16
+    for shard in (root_b / "hidden_states").glob("*/shards/*/*.safetensors"):
+        raw = bytearray(shard.read_bytes())
+        raw[-5] ^= 0x01  # the tensor bytes, same size: only the sha256 tells
+        shard.write_bytes(bytes(raw))
+    with pytest.raises(ShardCorrupt, match=str(root_b)):
+        [HiddenStateDataset.from_manifests(manifest_b, "train")[i] for i in range(16)]
+    assert len([HiddenStateDataset.from_manifests(Manifest.load(next((root_a / "extract").iterdir())), "train")[i]
+                for i in range(16)]) == 16  # rootA untouched and still read as it was
+
+
+def test_a_deleted_store_is_extracted_again_not_reused_and_training_says_so_in_one_line(target_dir, tmp_path):
+    records = make_records(20, seed=5)
+    cfg = config(target_dir, tmp_path, "extract.batch_tokens=64")  # several shards
+    write_merge(cfg, tmp_path, records[:16], records[16:])
+    first = run(cfg, tmp_path)
+    store = Path(extract_stage.store_dir(cfg))
+    reference = store_tensors(first)
+    shutil.rmtree(tmp_path / "hidden_states")  # freeing disk between runs
+    with pytest.raises(StoreMissing, match=f"no hidden-state store at {store}.*run stage=extract"):
+        HiddenStateDataset.from_manifests(Manifest.load(first.dir), "train")  # train before a new extract
+    healed = run(cfg, tmp_path)  # was: "complete, reusing", then a FileNotFoundError traceback in train
+    assert healed.dir == first.dir and healed.status == "complete"
+    assert healed.extra["tokens_extracted_this_run"] == healed.extra["tokens"] > 0
+    assert_same_store(store_tensors(healed), reference)
+    assert len(HiddenStateDataset.from_manifests(healed, "train")) == 16
+    # Some shards only: the same, the missing samples are extracted again and the rest reused.
+    held = {}  # shard -> tokens of its samples
+    for line in (json.loads(x) for f in store.glob("index/*.jsonl") for x in f.read_text().splitlines()):
+        held[line["shard"]] = sum(s["seq_len"] for s in line["samples"].values())
+    assert len(held) > 1, held
+    (store / min(held)).unlink()
+    again = run(cfg, tmp_path)
+    assert again.extra["tokens_extracted_this_run"] == held[min(held)] < again.extra["tokens"]
+    assert_same_store(store_tensors(again), reference)

@@ -193,3 +193,69 @@ def test_wandb_offline_run_holds_train_and_eval_metrics_of_one_job(chain_root):
         [row for row in run["history"] if "eval/sim_accept_len" in row][-1]["eval/sim_accept_len"])
     assert run["config"]["train"]["ttt_steps"] == 3 and run["config"]["train"]["optimizer"]["lr"] == 1e-3
     assert "WANDB_API_KEY" not in json.dumps(run["config"])
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_training_is_one_line_and_the_rerun_resumes_even_past_a_torn_last_ckpt(chain_root):
+    """Checkpoints on a tmpfs that fills at the second save: exit 4, one line; with space again, and
+    `last.ckpt` torn on top of it, the rerun resumes from the intact `step*.ckpt` beside it and ends with
+    the very weights an uninterrupted run has."""
+    args = ("train.max_epochs=2", "train.checkpoint_every_n_steps=2")
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    reference = train_cli(chain_root, *args, "train.checkpoint_every_n_steps=3")  # another unit, same training
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    ref_unit = unit_for(chain_root, before)
+    expected = load_file(ref_unit / "draft" / "vllm" / "model.safetensors")
+    ckpt_bytes = (ref_unit / "checkpoints" / "last.ckpt").stat().st_size
+
+    train_dir = chain_root / "train"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(train_dir)], check=True, capture_output=True)
+    try:
+        # Room for the first save (step2.ckpt + last.ckpt), not the second.
+        st = os.statvfs(train_dir)
+        filler = train_dir / "filler"
+        filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - int(2.5 * ckpt_bytes)))
+        full = train_cli(chain_root, *args)
+        assert full.returncode == 4 and "Traceback" not in full.stderr, full.stderr[-3000:]
+        [line] = [x for x in full.stderr.splitlines() if x.startswith("eagle3:")]
+        assert "no space left on device during stage train" in line, line
+        [unit] = [d for d in train_dir.iterdir() if d.is_dir()]
+        ckpts = unit / "checkpoints"
+        assert sorted(p.name for p in ckpts.iterdir()) == ["last.ckpt", "step2.ckpt"]  # no partial file
+        filler.unlink()
+        torn = (ckpts / "last.ckpt").read_bytes()
+        (ckpts / "last.ckpt").write_bytes(torn[: len(torn) // 2])
+
+        resumed = train_cli(chain_root, *args)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        log = resumed.stdout + resumed.stderr
+        assert "unreadable checkpoint(s)" in log and "last.ckpt (" in log
+        assert f"resuming from {ckpts / 'step2.ckpt'} (step 2)" in log
+        got = load_file(unit / "draft" / "vllm" / "model.safetensors")
+        assert got.keys() == expected.keys()
+        for name in got:
+            assert torch.equal(got[name], expected[name]), name
+    finally:
+        # Lazy: tensors loaded above may still map a file of the mount.
+        subprocess.run(["umount", "--lazy", str(train_dir)], check=True)
+
+
+def test_resume_point_skips_torn_checkpoints_and_names_them_when_none_is_left(tmp_path):
+    from eagle3.draft.checkpoint_io import AtomicCheckpointIO
+    from eagle3.draft.fit import UnreadableCheckpoints, resume_point
+
+    io = AtomicCheckpointIO()
+    assert resume_point(tmp_path / "none") == (None, None)
+    for name, step in (("step4.ckpt", 4), ("step6.ckpt", 6), ("last.ckpt", 6)):
+        io.save_checkpoint({"global_step": step, "state_dict": {"w": torch.ones(64)}}, tmp_path / name)
+    assert resume_point(tmp_path) == (tmp_path / "last.ckpt", 6)  # the newest; last.ckpt on a tie
+    for name in ("last.ckpt", "step6.ckpt"):
+        data = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(data[: len(data) // 2])
+    assert resume_point(tmp_path) == (tmp_path / "step4.ckpt", 4)
+    (tmp_path / "step4.ckpt").write_bytes(b"")
+    with pytest.raises(UnreadableCheckpoints) as info:
+        resume_point(tmp_path)
+    message = str(info.value)
+    assert all(f"{name} (" in message for name in ("last.ckpt", "step4.ckpt", "step6.ckpt"))
+    assert "delete that directory to train this unit from the start" in message and "\n" not in message

@@ -187,8 +187,8 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     inputs = _unit_inputs(cfg, ctx, unit)
     prompts = heldout_prompts(Path(inputs["merged"].dir) / EVAL_FILE, int(cfg.bench.num_prompts))
     if not prompts:
-        raise BenchmarkFailed(f"bench: the eval split of {inputs['merged'].dir} has no prompt to send "
-                              "(data.eval_size=0?)")
+        raise BenchmarkFailed(f"bench: the eval split of {inputs['merged'].dir} has no prompt to send (its "
+                              "samples start with an assistant turn, or the split is empty)")
     out.count_in(len(prompts))
     report = benchmark(cfg, ctx, unit, prompts, resolve_bench_draft(cfg, ctx, unit))
     files = bench_report.write_bench_report(report, out.dir)
