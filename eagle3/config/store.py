@@ -188,6 +188,8 @@ def register_configs() -> None:
     )
     OmegaConf.register_new_resolver("eagle3_job_dirname", job_dirname, replace=True)
     # Run and sweep directories carry it (conf/config.yaml): a clock second is not unique between jobs.
-    OmegaConf.register_new_resolver("eagle3_pid", os.getpid, replace=True)
+    # Cached like Hydra's `now`: Hydra copies the cache into each job's config, so the jobs of a sweep
+    # that a launcher runs in other processes (joblib, submitit) name the sweep directory alike.
+    OmegaConf.register_new_resolver("eagle3_pid", os.getpid, replace=True, use_cache=True)
     OmegaConf.register_new_resolver(CHECKPOINT_RESOLVER, checkpoint_value, replace=True)
     _registered = True

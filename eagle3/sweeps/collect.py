@@ -183,7 +183,7 @@ def _manifests_of(record: Mapping[str, Any], notes: list[str]) -> dict[str, list
             continue
         by_dir[where] = manifest
         if manifest.stage in ("train", "eval", "extract"):  # upstream of what the report reads
-            queue.extend(str(i["path"]) for i in manifest.inputs.values() if i.get("path"))
+            queue.extend(str(manifest.input_dir(name)) for name, i in manifest.inputs.items() if i.get("path"))
     grouped: dict[str, list[Manifest]] = {}
     for manifest in by_dir.values():
         grouped.setdefault(manifest.stage, []).append(manifest)
