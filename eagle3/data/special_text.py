@@ -63,8 +63,8 @@ class LiteralSpecials:
         Raises:
             SpecialTextError: A string already holds a sentinel character (the escape would be ambiguous).
         """
-        if self.pattern is None:
-            return data, 0
+        if self.pattern is None or not self._touches(data):
+            return data, 0  # nearly every conversation: one scan, no copy
         count = 0
 
         def walk(node: Any) -> Any:
@@ -84,6 +84,26 @@ class LiteralSpecials:
 
         escaped = walk(data)
         return (escaped, count) if count else (data, 0)
+
+    @functools.cached_property
+    def _probe(self) -> re.Pattern:
+        """An added token's text or a sentinel character: what makes a string need `escape`'s attention."""
+        assert self.pattern is not None
+        return re.compile(f"{self.pattern.pattern}|{_SENTINEL_RE.pattern}")
+
+    def _touches(self, data: Any) -> bool:
+        """Whether any string in `data` holds an added token's text or a sentinel character."""
+        probe, stack = self._probe.search, [data]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, str):
+                if probe(node):
+                    return True
+            elif isinstance(node, dict):
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+        return False
 
     def unescape(self, text: str) -> str:
         """The original text of an escaped string."""
