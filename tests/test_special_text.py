@@ -88,6 +88,20 @@ def test_quoted_special_text_never_becomes_a_control_token(demo_tok, llama_tok, 
     assert f"It marks a turn: {quote}{quote}" in trained
 
 
+def test_answers_stage_generate_regenerated_keep_the_tokens_the_target_emitted(demo_tok):
+    """A prompt-only record's answers were decoded from the target's own ids: a stray `</think>` the target
+    emitted mid-answer is its token, while the same text in the prompt is the user's text."""
+    conv = {"id": "g", "track": "prompt_only", "messages": [
+        {"role": "user", "content": "Why does </think> appear here?"},
+        {"role": "assistant", "content": "Because</think> it does.", "reasoning_content": "a reason"}]}
+    record = tokenize_conversation(demo_tok, conv, settings(TRAINING))
+    close = demo_tok.convert_tokens_to_ids(kf.THINK_CLOSE)
+    masks = [m for i, m in zip(record["input_ids"], record["loss_mask"]) if i == close]
+    assert masks == [1, 1]  # the template's `</think>` after the reasoning, and the one the target emitted
+    supplied = tokenize_conversation(demo_tok, {**conv, "track": "target_native"}, settings(TRAINING))
+    assert [m for i, m in zip(supplied["input_ids"], supplied["loss_mask"]) if i == close] == [1]
+
+
 def test_a_conversation_without_special_text_is_tokenized_as_the_tokenizer_does(demo_tok):
     conv = quoting("nothing special")
     record = tokenize_conversation(demo_tok, conv, settings(TRAINING))

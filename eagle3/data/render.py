@@ -18,18 +18,20 @@ every span and gets mask 0.
 Tokens come from tokenizing ``R`` segment by segment (``add_special_tokens=False``): no offset
 mapping is needed, so slow tokenizers such as Kimi's tiktoken one work too. A BPE merge across a
 boundary would make the segment tokens differ from tokenizing ``R`` in one go, which is checked.
-Text of the tokenizer's added tokens inside the conversation (a code sample quoting ``<|im_end|>``)
-is escaped before rendering and encoded as text (`eagle3.data.special_text`), and the target's chat
-format conventions are applied first (`eagle3.chat_formats.for_target`: Kimi's tool-call ids).
+Text of the tokenizer's added tokens inside content a dataset supplied (a code sample quoting
+``<|im_end|>``) is escaped before rendering and encoded as text (`eagle3.data.special_text`); the
+answers stage generate regenerated keep the tokens the target emitted. The target's chat format
+conventions are applied first (`eagle3.chat_formats.targets.for_target`: Kimi's tool-call ids).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from eagle3.chat_formats.targets import for_target
+from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.data.special_text import SpecialTextError, literal_specials
 
 __all__ = ["Reject", "RenderSettings", "generated_spans", "render", "template_kwargs",
@@ -213,6 +215,19 @@ def _generated_part_of_cut_turn(text: str, span: tuple[int, int], message: dict)
     return start, start  # nothing generated survives: no token of this turn is target output
 
 
+def _emitted_by_the_target(conv: dict) -> Callable[[Any], bool]:
+    """The messages whose added-token text the target itself emitted as tokens: the answers stage generate
+    regenerated (a prompt-only record's assistant turns), decoded from the target's own ids.
+
+    Re-encoding them with the tokenizer's added tokens gives back what the target emitted (a small target
+    writes a stray `</think>` mid-answer now and then; it is its token, not text). Everything a dataset
+    supplied -- prompts, tool results, target-native answers -- is text.
+    """
+    if conv.get("track") != TRACK_PROMPT_ONLY:
+        return lambda node: False
+    return lambda node: isinstance(node, dict) and node.get("role") == "assistant"
+
+
 def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) -> dict[str, Any]:
     """One canonical conversation -> one ``tokenized_data.jsonl`` record (DESIGN.md §3).
 
@@ -233,7 +248,7 @@ def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) 
         raise Reject("invalid_conversation", "messages must be a non-empty list of objects with a role")
     conv = for_target(settings.template if settings.template is not None else tokenizer.chat_template, conv)
     try:  # content that quotes `<|im_end|>` stays text: only the template's own scaffolding yields those ids
-        conv, _ = literal_specials(tokenizer).escape(conv)
+        conv, _ = literal_specials(tokenizer).escape(conv, keep=_emitted_by_the_target(conv))
     except SpecialTextError as exc:
         raise Reject("special_token_text", str(exc)) from None
     messages = conv["messages"]

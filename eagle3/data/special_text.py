@@ -7,6 +7,10 @@ encoding the result therefore turns a code sample or a template tutorial that *q
 where the target never does (a target that writes that text emits its ordinary pieces, ``<|``,
 ``im``, ``_end`` ...). Only the template's own scaffolding may yield those ids.
 
+Answers eagle3's generate stage regenerated are the exception (`keep`): decoded from the ids the
+target emitted, their added-token text is the target's token (a small target's stray `</think>`), and
+re-encoding gives those ids back.
+
 So, before rendering, every occurrence of an added token's text in the conversation's strings is
 replaced by a one-character sentinel from Unicode's Supplementary Private Use Area-A (one per
 added token, so the escape is reversible and the render sees text of nearly the same shape);
@@ -21,7 +25,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["LiteralSpecials", "SpecialTextError", "encode_as_text", "literal_specials"]
 
@@ -56,26 +60,29 @@ class LiteralSpecials:
     def _texts(self) -> list[str]:
         return sorted(self.ids)
 
-    def escape(self, data: Any) -> tuple[Any, int]:
+    def escape(self, data: Any, keep: Callable[[Any], bool] = lambda node: False) -> tuple[Any, int]:
         """`data` (a conversation: dicts, lists, strings) with every added-token text in its strings
         replaced by its sentinel, and how many were replaced (0: `data` itself is returned).
 
+        Args:
+            data: The conversation (or any part of it).
+            keep: Nodes left as they are (their added-token text is what the target emitted).
+
         Raises:
-            SpecialTextError: A string already holds a sentinel character (the escape would be ambiguous).
+            SpecialTextError: A string holds a sentinel character already (the escape would be ambiguous).
         """
-        if self.pattern is None or not self._touches(data):
+        if self.pattern is None or not self._needs_escape(data, keep):
             return data, 0  # nearly every conversation: one scan, no copy
-        count = 0
+        pattern, count = self.pattern, 0
 
         def walk(node: Any) -> Any:
             nonlocal count
+            if keep(node):
+                return node
             if isinstance(node, str):
-                if _SENTINEL_RE.search(node):
-                    raise SpecialTextError("content holds characters of Unicode's Supplementary Private Use "
-                                           "Area-A (U+F0000-U+FFFFD), which eagle3 uses to keep special-token text")
-                found = self.pattern.subn(lambda m: self._sentinel(m.group(0)), node)
-                count += found[1]
-                return found[0]
+                escaped, found = pattern.subn(lambda m: self._sentinel(m.group(0)), node)
+                count += found
+                return escaped
             if isinstance(node, dict):
                 return {k: walk(v) for k, v in node.items()}
             if isinstance(node, list):
@@ -91,19 +98,28 @@ class LiteralSpecials:
         assert self.pattern is not None
         return re.compile(f"{self.pattern.pattern}|{_SENTINEL_RE.pattern}")
 
-    def _touches(self, data: Any) -> bool:
-        """Whether any string in `data` holds an added token's text or a sentinel character."""
-        probe, stack = self._probe.search, [data]
+    def _needs_escape(self, data: Any, keep: Callable[[Any], bool]) -> bool:
+        """Whether a string of `data` outside the kept nodes holds an added token's text.
+
+        Raises:
+            SpecialTextError: Any string of `data`, kept or not, holds a sentinel character: encode
+                would read it back as an added token's text.
+        """
+        probe, stack, found = self._probe.search, [(data, False)], False
         while stack:
-            node = stack.pop()
+            node, kept = stack.pop()
+            kept = kept or keep(node)
             if isinstance(node, str):
-                if probe(node):
-                    return True
+                match = probe(node)
+                if match and _SENTINEL_RE.search(node):
+                    raise SpecialTextError("content holds characters of Unicode's Supplementary Private Use "
+                                           "Area-A (U+F0000-U+FFFFD), which eagle3 uses to keep special-token text")
+                found = found or (match is not None and not kept)
             elif isinstance(node, dict):
-                stack.extend(node.values())
+                stack.extend((value, kept) for value in node.values())
             elif isinstance(node, list):
-                stack.extend(node)
-        return False
+                stack.extend((value, kept) for value in node)
+        return found
 
     def unescape(self, text: str) -> str:
         """The original text of an escaped string."""
