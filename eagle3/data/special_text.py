@@ -133,15 +133,15 @@ class LiteralSpecials:
             SpecialTextError: The tokenizer still turned content text into an added token's id (it
                 ignores `split_special_tokens`); training on it would teach a control token.
         """
-        plain = [i for i, text in enumerate(texts) if not _SENTINEL_RE.search(text)]
+        escaped = {i for i, text in enumerate(texts) if _SENTINEL_RE.search(text)}
+        plain = [i for i in range(len(texts)) if i not in escaped]
         out: list[list[int]] = [[] for _ in texts]
-        if plain:
+        if plain:  # one batched call, as the tokenizer is always called
             encoded = tokenizer([texts[i] for i in plain], add_special_tokens=False)["input_ids"]
             for i, ids in zip(plain, encoded):
                 out[i] = list(ids)
-        for i, text in enumerate(texts):
-            if i not in plain:
-                out[i] = self._encode_escaped(tokenizer, text)
+        for i in escaped:
+            out[i] = self._encode_escaped(tokenizer, texts[i])
         return out
 
     def _encode_escaped(self, tokenizer: Any, text: str) -> list[int]:
