@@ -21,6 +21,7 @@ import torch
 
 from eagle3.artifacts import atomic_path, atomic_write_json, file_sha256, is_temp_name
 from eagle3.artifacts.locks import exclusive_lock
+from eagle3.errors import no_space_cause
 from eagle3.extract import codec
 from eagle3.extract.store import STORE_FILE, StoreSpec
 
@@ -148,19 +149,18 @@ class StoreWriter:
                 if p.relative_to(self.directory).as_posix() not in known]
 
 
-#: How safetensors' Rust writer spells ENOSPC: it raises SafetensorError (not an OSError) whose
-#: message carries the OS error, e.g. "I/O error: No space left on device (os error 28)".
-_RUST_ENOSPC = f"(os error {errno.ENOSPC})"
-
-
 def _safetensors_save(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
-    """`safetensors.torch.save_file`, with a full disk turned into the OSError(ENOSPC) it is."""
+    """`safetensors.torch.save_file`, with a full disk turned into the OSError(ENOSPC) it is.
+
+    Safetensors' Rust writer raises SafetensorError (not an OSError) whose message carries the OS
+    error ("... (os error 28)"); `eagle3.errors.no_space_cause` knows how each library spells it.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     try:
         save_file(tensors, path, metadata=metadata)
     except SafetensorError as exc:
-        if _RUST_ENOSPC in str(exc):
+        if no_space_cause(exc) is not None:
             raise OSError(errno.ENOSPC, str(exc), path) from exc
         raise
