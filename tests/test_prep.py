@@ -57,7 +57,7 @@ def test_bad_records_are_rejected_with_reasons_and_the_job_goes_on(tmp_path):
     path = str(RAW / "bad_sharegpt.jsonl")
     cfg = make_cfg(tmp_path, bad={"track": "prompt_only", "schema": "sharegpt", "data_files": [path]})
     m = run_prep(cfg, tmp_path)["bad"]
-    assert reconciles(m) and m.counts["in"] == 13 and m.counts["out"] == 2
+    assert reconciles(m) and m.counts["in"] == 13 and m.counts["out"] == 3
     got = {rid: r["reason"] for rid, r in rejects(m).items()}
     kept, dropped = sorted(["bad:g1", "bad:g2"], key=lambda rid: sampling_key(0, rid))
     assert got == {
@@ -68,21 +68,45 @@ def test_bad_records_are_rejected_with_reasons_and_the_job_goes_on(tmp_path):
         "bad:number": "non_string_content",
         "bad:gpt_first": "assistant_first",
         f"bad:{path}:8": "malformed_json",  # valid JSON, but not an object
-        "bad:dangling": "user_last",
         "bad:g1#2": "duplicate_id",
         "bad:no_convs": "adapter_error",
         dropped: "duplicate_prompt",  # "First good question?" vs "  first GOOD   question? "
     }
     assert m.counts["rejected"] == {"adapter_error": 1, "assistant_first": 1, "duplicate_id": 1,
                                     "duplicate_prompt": 1, "empty_content": 1, "malformed_json": 2,
-                                    "missing_role": 1, "non_string_content": 1, "unknown_role": 1,
-                                    "user_last": 1}
+                                    "missing_role": 1, "non_string_content": 1, "unknown_role": 1}
     details = rejects(m)
     assert details[f"bad:{path}:4"]["detail"].startswith(f"{path}:4: malformed JSON")
     assert "missing column 'conversations'" in details["bad:no_convs"]["detail"]
     assert details[dropped]["detail"].startswith(f"same normalized prompt as {kept}")
     assert details["bad:g1#2"]["where"] == f"{path}:10"
-    assert sorted(r["id"] for r in outputs(m)) == sorted([kept, "bad:g3"])
+    kept_records = {r["id"]: r for r in outputs(m)}
+    assert sorted(kept_records) == sorted([kept, "bad:g3", "bad:dangling"])
+    # A conversation ending in an unanswered question is what prompt-only exists to answer: both
+    # questions are kept (the answer between them is dropped, the target writes its own).
+    assert [m["content"] for m in kept_records["bad:dangling"]["messages"]] == ["Q1?", "Q2?"]
+
+
+def test_a_file_of_questions_is_prompt_only_input_and_target_native_refuses_it(tmp_path):
+    path = write_jsonl(tmp_path / "questions.jsonl", [
+        {"id": "q1", "messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        {"id": "q2", "messages": [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "Name a prime number."}]},
+        {"id": "q3", "messages": [{"role": "system", "content": "Only a system turn."}]},
+        {"id": "q4", "messages": [{"role": "user", "content": "Answered?"}, {"role": "assistant", "content": "Yes."}]},
+    ])
+    cfg = make_cfg(tmp_path, po={"track": "prompt_only", "schema": "openai_messages", "data_files": [path]},
+                   tn={"track": "target_native", "schema": "openai_messages", "data_files": [path]})
+    manifests = run_prep(cfg, tmp_path)
+    po, tn = manifests["po"], manifests["tn"]
+    assert reconciles(po) and sorted(r["id"] for r in outputs(po)) == ["po:q1", "po:q2", "po:q4"]
+    assert {rid: r["reason"] for rid, r in rejects(po).items()} == {"po:q3": "too_few_turns"}
+    q2 = next(r for r in outputs(po) if r["id"] == "po:q2")
+    assert q2["messages"] == [{"role": "system", "content": "Be brief."},
+                              {"role": "user", "content": "Name a prime number."}]
+    assert {rid: r["reason"] for rid, r in rejects(tn).items()} == {
+        "tn:q1": "user_last", "tn:q2": "user_last", "tn:q3": "too_few_turns"}
+    assert [r["id"] for r in outputs(tn)] == ["tn:q4"]
 
 
 def test_prompt_only_drops_answers_and_tool_results_but_keeps_tools(tmp_path):

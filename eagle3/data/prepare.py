@@ -37,14 +37,16 @@ SPILL_FILE = "spill.jsonl"  # the valid records of the scan, until the sample is
 def canonical_record(raw: dict, rid: str, unit: str, src: dict, columns: dict, prep: dict) -> dict:
     """One raw record -> the canonical record of its track, or ConversationError/AdapterError.
 
-    The structural check runs on the whole raw conversation for both tracks: a dangling user
-    turn or an answer before any question usually marks a broken scrape, whatever we keep of it.
+    The structural check runs on the whole raw conversation for both tracks: an answer before any
+    question or a tool result nobody called usually marks a broken scrape, whatever we keep of it.
+    A final user turn with no answer is such a mark only on the target-native track; for prompt-only
+    data it is the normal shape (a file of questions), since the target writes every answer anyway.
     Turn limits count the raw user turns; `max_chars` measures what is written.
     """
     conv = convert(src["schema"], raw, columns)
     messages, tools = conv["messages"], conv["tools"]
     problem = conversation_problem({"messages": messages, "tools": tools})
-    if problem:
+    if problem and not (src["track"] == TRACK_PROMPT_ONLY and problem[0] == "user_last"):
         raise ConversationError(*problem)
     n_user = count_role(messages, "user")
     if n_user < prep["min_user_turns"]:
