@@ -28,6 +28,15 @@ class Eagle3Error(RuntimeError):
     exit_code = EXIT_STAGE_ERROR
 
 
+class NothingKept(Eagle3Error):
+    """A stage kept none of a unit's input: every record rejected, or none there to read.
+
+    It stops the job at that stage, in one line with the counts, the top reject reasons and an
+    example: a stage that passed nothing on would fail stages later (a server launched for no
+    prompts, a merge asking for a smaller eval split) with advice that has nothing to do with the data.
+    """
+
+
 class NoSpaceLeft(Eagle3Error):
     """The disk the job writes to is (or would be) full: free space and rerun, the work resumes."""
 

@@ -10,6 +10,7 @@ import pytest
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.config.schema import DatasetSourceConfig
 from eagle3.data.selection import sampling_key
+from eagle3.errors import NothingKept
 from eagle3.stages import StageContext, check_config
 from eagle3.stages.prep import PREP
 from tests.conftest import compose_config
@@ -200,8 +201,10 @@ def test_json_array_and_parquet_files_read_like_jsonl(tmp_path):
     assert strip[0] == strip[1] == strip[2] and len(strip[0]) == 2
     (tmp_path / "broken.json").write_text('[{"a": 1},\n  {"b": ]')
     cfg = make_cfg(tmp_path, br={**spec, "data_files": [str(tmp_path / "broken.json")]})
-    m = run_prep(cfg, tmp_path)["br"]
-    assert m.counts["rejected"] == {"malformed_json": 1} and reconciles(m)
+    with pytest.raises(NothingKept, match="0 of 1 records kept; rejected 1: malformed_json 1"):
+        run_prep(cfg, tmp_path)  # an unreadable file keeps nothing: prep stops (tests/test_data_dies.py)
+    m = Manifest.load(PREP.locate(cfg, StageContext(root=Path(cfg.paths.root), run_dir=tmp_path), "br")[0])
+    assert m.status == "stopped" and m.counts == {"in": 1, "out": 0, "rejected": {"malformed_json": 1}}
 
 
 def test_record_that_json_cannot_hold_is_rejected_not_fatal(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -56,8 +57,14 @@ def unit_for(root: Path, before: set[Path]) -> Path:
 def test_train_writes_metrics_checkpoints_and_both_exports(chain_root):
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     # The plain layer (the demo's default variant is vLLM-only: tests/test_draft_variants.py).
-    done = train_cli(chain_root, "train.max_epochs=2", "model.draft.norm_before_residual=false")
+    done = train_cli(chain_root, "train.max_epochs=2", "model.draft.norm_before_residual=false",
+                     "train.progress_every_s=0")
     assert done.returncode == 0, done.stderr[-3000:]
+    # No terminal here: progress lines instead of a bar, one per epoch with progress_every_s=0.
+    progress = [x for x in (done.stdout + done.stderr).splitlines() if "train: epoch " in x and "tok/s" in x]
+    assert len(progress) == 2 and "epoch 2/2" in progress[-1] and " left" in progress[0], progress
+    assert re.search(r"step (\d+)/\1 \(100%\) loss \d+\.\d{3} acc_0 0\.\d{3} \| [\d,]+ tok/s$", progress[-1])
+    assert "\r" not in done.stderr
     unit = unit_for(chain_root, before)
     manifest = Manifest.load(unit)
     assert manifest.status == "complete"

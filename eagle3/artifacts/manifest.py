@@ -24,6 +24,7 @@ __all__ = [
     "MANIFEST_NAME",
     "STATUS_COMPLETE",
     "STATUS_RUNNING",
+    "STATUS_STOPPED",
     "CountsMismatch",
     "Manifest",
     "collect_versions",
@@ -37,7 +38,10 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT_VERSION = 1
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
-_STATUSES = (STATUS_RUNNING, STATUS_COMPLETE)
+#: A run that kept none of its input stopped the stage here (`StageOutput.stop`): never an input of a
+#: later stage, and the next run of the same unit starts it over.
+STATUS_STOPPED = "stopped"
+_STATUSES = (STATUS_RUNNING, STATUS_COMPLETE, STATUS_STOPPED)
 _COUNT_KEYS = ("in", "out", "rejected")
 
 
@@ -126,7 +130,8 @@ class Manifest:
         name: The unit of work within the stage (usually a dataset name).
         fingerprint: Fingerprint of stage, name, config and input fingerprints; also the
             suffix of the output directory name.
-        status: ``running`` from the moment work starts, ``complete`` once outputs are final.
+        status: ``running`` from the moment work starts, ``complete`` once outputs are final,
+            ``stopped`` when the run kept none of its input (its rejects stay to be read).
         config: The config slice the stage ran with, as plain data.
         inputs: Input name -> ``{"path", "fingerprint"}`` of the input's manifest.
         counts: ``in``, ``out``, ``rejected`` (reason -> n) and any stage-specific counters.

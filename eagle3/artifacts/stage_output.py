@@ -4,7 +4,8 @@
 carries a fingerprint of everything that affects the output (so configs never overwrite
 each other and identical work is found and skipped), a ``running`` manifest marks work in
 progress (so a crash is visible), writers resume by id, and ``finalize`` checksums the
-files, reconciles the counts and flips the manifest to ``complete`` atomically.
+files, reconciles the counts and flips the manifest to ``complete`` atomically (or ``stop``, for
+a run that kept none of its input, leaves it ``stopped`` and the next ``open`` starts it over).
 
 Reusing a complete unit re-checks every file against its manifest entry -- size, and sha256
 where recorded -- and refuses a mismatch (`eagle3.artifacts.verify`).
@@ -44,6 +45,7 @@ from eagle3.artifacts.manifest import (
     MANIFEST_NAME,
     STATUS_COMPLETE,
     STATUS_RUNNING,
+    STATUS_STOPPED,
     Manifest,
     utc_now_iso,
 )
@@ -209,7 +211,9 @@ class StageOutput:
             self.complete = True
             self._unlock()
             return
-        if force:
+        if force or (existing is not None and existing.status == STATUS_STOPPED):
+            # A stopped unit kept nothing worth resuming, and its verdicts may be what the rerun
+            # fixed without changing the fingerprint (a code or hub-side fix): start it over.
             self._remove_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in _stale_files(self.dir):
@@ -331,16 +335,14 @@ class StageOutput:
         self._extra_counts[key] = self._extra_counts.get(key, 0) + n
 
     # ------------------------------------------------------------------ finishing
-    def _counts(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, Any]:
+        """The counts so far (``in``, ``out``, ``rejected`` by reason, extras), as finalize records them."""
         rejected: Counter[str] = Counter(self._manual_rejects)
         if self._rejects is not None:
             rejected.update(self._rejects.reasons)
         n_out = self._n_out + sum(w.count for w, is_output in self._writers.values() if is_output)
-        counts: dict[str, Any] = {
-            "in": self._n_in,
-            "out": n_out,
-            "rejected": {k: v for k, v in sorted(rejected.items()) if v},
-        }
+        counts: dict[str, Any] = {"in": self._n_in, "out": n_out,
+                                  "rejected": {k: v for k, v in sorted(rejected.items()) if v}}
         counts.update(sorted(self._extra_counts.items()))
         return counts
 
@@ -377,21 +379,12 @@ class StageOutput:
                 writer.finalize()
             assert self._rejects is not None
             self._rejects.finalize()
-            leftovers = sorted(
-                p.relative_to(self.dir).as_posix()
-                for p in self.dir.rglob("*")
-                if p.is_file() and (p.name.endswith(PARTIAL_SUFFIX) or is_temp_name(p.name))
-            )
+            leftovers = sorted(p.relative_to(self.dir).as_posix() for p in self.dir.rglob("*")
+                               if p.is_file() and (p.name.endswith(PARTIAL_SUFFIX) or is_temp_name(p.name)))
             if leftovers:
-                raise RuntimeError(
-                    f"cannot finalize {self.dir}: unfinished files {leftovers[:5]} "
-                    "(a writer of an earlier run that this run did not reopen and finalize)"
-                )
-            manifest = self.manifest
-            manifest.counts = self._counts()
-            manifest.extra = to_plain(dict(extra or {}), "extra")
-            manifest.files = self._file_table(checksums)
-            manifest.wall_time_s = round(time.monotonic() - self._t0, 3)
+                raise RuntimeError(f"cannot finalize {self.dir}: unfinished files {leftovers[:5]} "
+                                   "(a writer of an earlier run that this run did not reopen and finalize)")
+            manifest = self._record(extra, checksums)
             try:
                 manifest.reconcile()
             except ValueError:
@@ -405,11 +398,40 @@ class StageOutput:
         finally:
             self._unlock()
 
+    def _record(self, extra: dict[str, Any] | None, checksums: bool) -> Manifest:
+        """The manifest with this run's counts, extra, files and wall time filled in (not written)."""
+        manifest = self.manifest
+        manifest.counts = self.counts()
+        manifest.extra = to_plain(dict(extra or {}), "extra")
+        manifest.files = self._file_table(checksums)
+        manifest.wall_time_s = round(time.monotonic() - self._t0, 3)
+        return manifest
+
+    def stop(self, extra: dict[str, Any] | None = None) -> Manifest:
+        """End a run that kept none of its input: the unit is left ``stopped``, never complete.
+
+        ``rejects.jsonl`` gets its final name and the manifest the counts, for a person to read
+        why; the output files stay partial (an empty output that looks complete is what stopping
+        prevents). The next :meth:`open` starts the unit over instead of resuming its verdicts.
+        """
+        self._require_open()
+        try:
+            for writer, _ in self._writers.values():
+                writer.close()
+            assert self._rejects is not None
+            self._rejects.finalize()
+            manifest = self._record(extra, checksums=False)
+            manifest.status = STATUS_STOPPED
+            manifest.write(self.dir)
+            manifest.reconcile()  # a mismatch is a bug, not the data's: it ends with its traceback
+            return manifest
+        finally:
+            self._unlock()
+
     def close(self) -> None:
         """Close writers (keeping partial files for a resume) and release the lock.
 
-        For error paths: whatever was written stays resumable and the manifest stays
-        ``running``.
+        For error paths: whatever was written stays resumable and the manifest ``running``.
         """
         for writer, _ in self._writers.values():
             writer.close()

@@ -139,6 +139,10 @@ class DataConfig:
     eval_size: int = 16  # held-out samples, the same at every data scale
     max_len: int = 2048
     seed: int = II("seed")
+    # A source (or mixture) that loses more than this share of its records at one stage (prep's
+    # filters, generate, tokenize, ...) gets a WARNING line in that stage's summary; sampling
+    # (num_samples, data.scale) is no loss. A stage that keeps none of a unit's records stops the job.
+    warn_reject_fraction: float = 0.5
 
 
 @dataclass
@@ -320,7 +324,7 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # cosine | linear, after the warmup, down to min_lr_ratio x lr
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    precision: str = "auto"  # auto = bf16-mixed on GPU, 32-true on CPU
+    precision: str = "auto"  # auto = bf16-mixed on GPUs and on CPUs with bf16 units (eagle3.draft.fit.resolve_precision), else 32-true
     accelerator: str = "auto"
     devices: Any = "auto"
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
@@ -329,7 +333,12 @@ class TrainConfig:
     checkpoint_every_n_steps: int = 50
     # Query rows per block of the TTT attention: peak score memory ~ block x seq_len per head.
     attention_block: int = 256
+    # Draft-vocab logits kept for backward across a batch's TTT steps (GiB); the steps past it
+    # recompute theirs in backward (one more head product each) instead of holding them.
+    logits_memory_gb: float = 4.0
     log_every_n_steps: int = 10
+    # With no terminal on stderr: a progress line (step, loss, tok/s, time left) this often; 0 = per epoch.
+    progress_every_s: float = 30.0
     eval_every_n_epochs: int = 1
     num_workers: int = 0
     export_dtype: str = "bfloat16"

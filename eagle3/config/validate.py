@@ -230,7 +230,9 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     err.not_negative("train.grad_clip", tr.grad_clip, ">= 0 (0 = off)")
     err.not_negative("train.checkpoint_every_n_steps", tr.checkpoint_every_n_steps, ">= 0 (0 = at epoch ends only)")
     err.positive("train.attention_block", tr.attention_block)
+    err.not_negative("train.logits_memory_gb", tr.logits_memory_gb, ">= 0 (0 = recompute every TTT step's logits)")
     err.positive("train.log_every_n_steps", tr.log_every_n_steps)
+    err.not_negative("train.progress_every_s", tr.progress_every_s, ">= 0 (0 = one line per epoch)")
     err.positive("train.eval_every_n_epochs", tr.eval_every_n_epochs)
     err.choice("train.export_dtype", tr.export_dtype, DTYPES)
     err.not_negative("train.num_workers", tr.num_workers, ">= 0 (0 = load in the training process)")
@@ -270,6 +272,9 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
     data = cfg.data
     err.positive("data.scale", data.scale, allow_none=True)
     err.positive("data.max_len", data.max_len)
+    if not 0 <= data.warn_reject_fraction <= 1:
+        err.add("data.warn_reject_fraction", data.warn_reject_fraction, "a share of a source's records",
+                "[0, 1] (0 = warn on any loss, 1 = never)")
     if data.eval_size < 1:
         # Validation during training, vocab coverage_eval, eval's simulated and real acceptance all read the
         # eval split: over 0 samples they would report 1.0 made of nothing.

@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.draft.geometry import engines_refusing, geometry_from_target
+from eagle3.dtypes import cpu_has_native_bf16
 from eagle3.errors import Eagle3Error
 from eagle3.draft.options import AUTO_PRECISION
 from eagle3.serving.engines import ENGINES
@@ -50,11 +51,18 @@ def load_vocab_maps(d2t_file: Path, t2d_file: Path) -> tuple[torch.Tensor, torch
     return d2t.long(), t2d.bool()
 
 
-def resolve_precision(precision: str) -> str:
-    """`auto` = bf16-mixed on a GPU, 32-true on CPU (bf16 matmuls on CPU are slow and lossy)."""
+def resolve_precision(precision: str, accelerator: str = "auto") -> str:
+    """`auto` = bf16-mixed on a GPU and on a CPU that multiplies bf16 in hardware, else 32-true.
+
+    Mixed precision keeps fp32 weights, optimizer state and the KL's softmax; only the matmuls
+    run in bf16, as every GPU recipe trains EAGLE-3. On a CPU without bf16 units oneDNN emulates
+    them, slower than fp32, so those stay at 32-true.
+    """
     if precision != AUTO_PRECISION:
         return precision
-    return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+    if accelerator != "cpu" and torch.cuda.is_available():
+        return "bf16-mixed"
+    return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 
 def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list):
@@ -64,22 +72,28 @@ def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list)
 
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
 
+    from eagle3.draft.progress import ProgressLines, interactive
+
     every = int(t.checkpoint_every_n_steps)
     checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step{step}", auto_insert_metric_name=False,
                                  every_n_train_steps=every if every > 0 else None, save_last=True, save_top_k=1,
                                  save_on_train_epoch_end=True)
+    watched = interactive()
     all_callbacks = [*callbacks, checkpoint]
+    if not watched:
+        all_callbacks.append(ProgressLines(float(t.progress_every_s)))
     if loggers:
         all_callbacks.append(LearningRateMonitor(logging_interval="step"))
     devices = t.devices if not isinstance(t.devices, str) or t.devices == "auto" else int(t.devices)
     return L.Trainer(
         accelerator=t.accelerator, devices=devices, strategy=t.strategy,
-        precision=resolve_precision(str(t.precision)),
+        precision=resolve_precision(str(t.precision), str(t.accelerator)),
         max_epochs=int(t.max_epochs), max_steps=int(t.max_steps),
         gradient_clip_val=float(t.grad_clip) if t.grad_clip else None,
         logger=loggers or False, callbacks=all_callbacks, plugins=[AtomicCheckpointIO()],
         log_every_n_steps=int(t.log_every_n_steps), check_val_every_n_epoch=int(t.eval_every_n_epochs),
         num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(ckpt_dir.parent),
+        enable_progress_bar=watched,
         use_distributed_sampler=False,
     )
 

@@ -18,7 +18,7 @@ from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
-from eagle3.draft.ttt import teacher_targets, ttt_forward
+from eagle3.draft.ttt import teacher_positions, teacher_targets, ttt_forward
 
 
 def lr_multiplier(step: int, total: int, warmup: int, floor: float = 0.1, schedule: str = "cosine") -> float:
@@ -58,12 +58,14 @@ class DraftModule(L.LightningModule):
 
     # ------------------------------------------------------------------ forward
     def run_batch(self, batch: dict[str, torch.Tensor]):
+        needed = teacher_positions(batch["loss_mask"], batch["lengths"])
         teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
-                                  renormalise=self.cfg["teacher"] == TEACHER_DRAFT_VOCAB)
+                                  renormalise=self.cfg["teacher"] == TEACHER_DRAFT_VOCAB, needed=needed)
         return ttt_forward(self.draft, batch["aux"], batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
                            out_of_vocab=str(self.cfg["out_of_vocab"]),
-                           block_size=int(self.cfg["attention_block"]))
+                           block_size=int(self.cfg["attention_block"]),
+                           logits_budget_bytes=float(self.cfg["logits_memory_gb"]) * 2**30)
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}

@@ -28,44 +28,90 @@ from eagle3.draft.options import OOV_MASK, OUT_OF_VOCAB_POLICIES
 class Teacher:
     """Per position t: the target's distribution of token t+1 over the draft vocab.
 
+    Only the positions a loss or a metric reads hold a row (`teacher_positions`): prompt tokens,
+    padding and the last token of a sample never do, and at a 49K-152K target vocab each row
+    costs a full-vocab lm_head product.
+
     Attributes:
-        probs: `[B, T, draft_vocab]` float32.
-        argmax: `[B, T]` draft id of the target's full-vocab argmax; -1 if outside the draft vocab.
-        neg_entropy: `[B, T]` sum p log p (KL = this - sum p log q; computed once, not per step).
+        probs: `[N, draft_vocab]` float32, one row per computed position.
+        argmax: `[B, T]` draft id of the target's full-vocab argmax; -1 if outside the draft vocab
+            (or not computed).
+        row_of: `[B, T]` row of `probs` for each position; -1 where none was computed.
+        neg_entropy: `[N]` sum p log p (KL = this - sum p log q; computed once, not per step).
     """
 
     probs: torch.Tensor
     argmax: torch.Tensor
+    row_of: torch.Tensor
     neg_entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.neg_entropy is None:
             self.neg_entropy = torch.xlogy(self.probs, self.probs).sum(-1)
 
+    @classmethod
+    def dense(cls, probs: torch.Tensor, argmax: torch.Tensor) -> Teacher:
+        """A teacher with a row at every position of `probs` `[B, T, Vd]`."""
+        bsz, seq, vocab = probs.shape
+        row_of = torch.arange(bsz * seq, device=probs.device).view(bsz, seq)
+        return cls(probs=probs.reshape(-1, vocab), argmax=argmax, row_of=row_of)
+
+    def at(self, b: int, t: int) -> torch.Tensor:
+        """The distribution at sample b, position t `[Vd]` (which must have been computed)."""
+        row = int(self.row_of[b, t])
+        if row < 0:
+            raise IndexError(f"no teacher row at ({b}, {t}): not a position any loss reads")
+        return self.probs[row]
+
+
+def teacher_positions(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` bool: positions p whose teacher row some TTT step reads.
+
+    Step k at t reads the teacher at p = t+1+k (k >= 0, so p >= 1) for the token p+1, which must
+    be inside the sample and in the loss mask.
+    """
+    bsz, seq = loss_mask.shape
+    needed = torch.zeros(bsz, seq, dtype=torch.bool, device=loss_mask.device)
+    if seq > 2:
+        nxt = torch.arange(2, seq, device=loss_mask.device)  # p + 1 for p = 1 .. T-2
+        needed[:, 1:seq - 1] = loss_mask[:, 2:].bool() & (nxt.unsqueeze(0) < lengths.unsqueeze(1))
+    return needed
+
 
 @torch.no_grad()
 def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor,
-                    chunk_tokens: int = 4096, renormalise: bool = True) -> Teacher:
+                    chunk_tokens: int = 4096, renormalise: bool = True,
+                    needed: torch.Tensor | None = None) -> Teacher:
     """Teacher signal from stored final states `[B, T, H]` and the target lm_head `[V, H]`.
 
     Full-vocab logits exist for `chunk_tokens` rows at a time only (at V = 163840 a full batch
     would not fit). `renormalise=False` keeps the full-vocab probabilities of the draft-vocab
-    ids (rows sum to the in-vocab mass; `train.teacher=full_vocab`).
+    ids (rows sum to the in-vocab mass; `train.teacher=full_vocab`). `needed` `[B, T]` bool
+    (default: every position) chooses the positions that get a row.
     """
     bsz, seq, hidden = final.shape
     vocab = head.shape[0]
     to_draft = torch.full((vocab,), -1, dtype=torch.long, device=head.device)
     to_draft[draft_ids] = torch.arange(len(draft_ids), device=head.device)
-    flat = final.reshape(-1, hidden)
+    if needed is None:
+        needed = torch.ones(bsz, seq, dtype=torch.bool, device=final.device)
+    where = needed.reshape(-1).nonzero().squeeze(1)  # [N] flat positions
+    flat = final.reshape(-1, hidden)[where]
     probs, argmax = [], []
     for start in range(0, flat.shape[0], chunk_tokens):
-        logits = flat[start:start + chunk_tokens].float() @ head.float().T  # [n, V]
+        logits = (flat[start:start + chunk_tokens].float() @ head.float().T).float()  # [n, V]
         argmax.append(to_draft[logits.argmax(-1)])
         if renormalise:
             probs.append(torch.softmax(logits[:, draft_ids], dim=-1))
         else:
             probs.append(torch.softmax(logits, dim=-1)[:, draft_ids])
-    return Teacher(probs=torch.cat(probs).view(bsz, seq, -1), argmax=torch.cat(argmax).view(bsz, seq))
+    dense_argmax = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
+    row_of = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
+    if len(where):
+        dense_argmax[where] = torch.cat(argmax)
+        row_of[where] = torch.arange(len(where), device=final.device)
+    rows = torch.cat(probs) if probs else final.new_zeros(0, len(draft_ids), dtype=torch.float32)
+    return Teacher(probs=rows, argmax=dense_argmax.view(bsz, seq), row_of=row_of.view(bsz, seq))
 
 
 @dataclass
@@ -87,24 +133,56 @@ class TTTOutput:
     loss_tokens: torch.Tensor
 
 
-def _kl_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, neg_entropy: torch.Tensor,
-              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted KL sum and argmax: states `[B, L, H]`, probs `[B, L, Vd]`, neg_entropy / weight `[B, L]`."""
-    logits = draft.logits(state).float()  # [B, L, Vd]
-    logq = torch.log_softmax(logits, dim=-1)
-    kl = neg_entropy - (probs * logq).sum(-1)  # [B, L]
-    return (kl * weight).sum(), logits.argmax(-1)
+class _SoftTargetKL(torch.autograd.Function):
+    """sum_i w_i KL(p_i || softmax(z_i)) over draft logits z `[N, Vd]`, with its gradient in closed form.
+
+    Autograd through log_softmax keeps two `[N, Vd]` float32 tensors per TTT step (the log-probs
+    and their product with p); this keeps only the logits as they came (bf16 under autocast) and
+    their log-sum-exp, and writes the gradient w_i (s_i softmax(z_i) - p_i) directly, s_i = sum p_i
+    (1 for the renormalised teacher). The teacher rows are gathered again in backward, not kept.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,  # type: ignore[override]
+                neg_entropy: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: softmax in fp32
+        lse = torch.logsumexp(z, dim=-1)  # [N]
+        p = probs[rows]  # [N, Vd]
+        cross = (p * z).sum(-1) - p.sum(-1) * lse  # sum p log q
+        ctx.save_for_backward(logits, lse, probs, rows, weight)
+        return ((neg_entropy[rows] - cross) * weight).sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        logits, lse, probs, rows, weight = ctx.saved_tensors
+        p = probs[rows]
+        q = torch.exp(logits.to(lse.dtype) - lse.unsqueeze(-1))
+        g = (q * p.sum(-1, keepdim=True) - p) * (weight * grad).unsqueeze(-1)
+        return g.to(logits.dtype), None, None, None, None
+
+
+def _kl_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
+              neg_entropy: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted KL sum and argmax of the counted rows: states `[N, H]`, teacher `rows` / weight `[N]`."""
+    logits = draft.logits(state)  # [N, Vd]
+    return _SoftTargetKL.apply(logits, probs, rows, neg_entropy, weight), logits.argmax(-1)
 
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
-                block_size: int) -> TTTOutput:
+                block_size: int, logits_budget_bytes: float = float("inf")) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
+
+    The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
+    prompts and padding cost the decoder layer, not the head that dominates a step at a 32K draft
+    vocab. Each step's logits are kept for its backward while the steps' total stays within
+    `logits_budget_bytes`; past it a step recomputes them in backward (activation checkpointing),
+    which costs one more head product but bounds memory at any batch size.
 
     Args:
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
         lengths: `[B]` real lengths (positions beyond are padding).
-        teacher: From `teacher_targets` over the same batch.
+        teacher: From `teacher_targets` over the same batch (at least `teacher_positions`).
     """
     if out_of_vocab not in OUT_OF_VOCAB_POLICIES:
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
@@ -115,6 +193,8 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     hidden = draft.project(aux)  # [B, T, H]
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
+    kept_bytes = 0.0
+    bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keys.append(k)
@@ -137,16 +217,22 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target_mask = torch.zeros_like(in_sample)
         target_mask[:, :span - 1] = mask[:, shift + 1:]
         count = in_sample & target_mask
-        target = teacher.argmax[:, shift:]  # [B, span]
-        weight = count & (target >= 0) if out_of_vocab == OOV_MASK else count
-        args = (draft, state[:, :span], teacher.probs[:, shift:], teacher.neg_entropy[:, shift:],
-                weight.to(teacher.probs.dtype))
-        kl_sum, pred = checkpoint(_kl_terms, *args, use_reentrant=False) if grad else _kl_terms(*args)
+        b_idx, t_idx = count.nonzero(as_tuple=True)  # [N] the predictions that count
+        target = teacher.argmax[b_idx, t_idx + shift]  # [N]
+        rows = teacher.row_of[b_idx, t_idx + shift]
+        weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
+        args = (draft, state[b_idx, t_idx], teacher.probs, rows, teacher.neg_entropy, weight.float())
+        step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
+        if grad and kept_bytes + step_bytes > logits_budget_bytes:
+            kl_sum, pred = checkpoint(_kl_terms, *args, use_reentrant=False)
+        else:
+            kl_sum, pred = _kl_terms(*args)
+            kept_bytes += step_bytes if grad else 0
         n_loss = weight.sum()
         loss_k = kl_sum / n_loss.clamp(min=1)
         losses.append(loss_k * decay ** k)
         step_loss.append(loss_k.detach())
-        correct.append(((pred == target) & count).sum())
+        correct.append((pred == target).sum())
         counted.append(count.sum())
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)

@@ -20,7 +20,9 @@ can call `generate` at once and the requests of all their batches share the endp
   conversation undone (not rejected) and goes on; the unit then ends unfinished, for a rerun.
   Only when `max_consecutive_failures` requests in a row failed for good (the endpoints are
   down, not one request bad) does `generate` raise BackendUnavailable, so a dead server stops
-  the run instead of failing the rest of the data; a rerun resumes.
+  the run instead of failing the rest of the data; a rerun resumes. A server that eagle3 itself
+  launched (`eagle3.serving.exits.dead_server`) and that has exited stops it at the first failed
+  request, with a line that names it: engine, exit code, pid, the error line of its log, the log.
 * **Unusable answers.** A 200 reply that is not valid UTF-8, or whose finish reason is none of
   stop/length/tool_calls, comes back as `error="invalid_utf8"` / `"unknown_finish_reason"`: the
   server answered (it is not down), so this is not retried, and the stage rejects the
@@ -63,6 +65,7 @@ from eagle3.generation.types import (
     GenerationResult,
     SamplingParams,
 )
+from eagle3.serving.exits import dead_server
 from eagle3.serving.http import (
     ERROR_TEXT_CHARS,
     RETRY_STATUS,
@@ -81,6 +84,7 @@ log = logging.getLogger("eagle3")
 # An endpoint that refused a connection is skipped this long (when another one is up).
 ENDPOINT_REST_S = 2.0
 _PROBE_TIMEOUT_S = 5.0
+IN_FLIGHT = "while generate's requests were in flight"  # when a launched server that died did
 
 
 class _Endpoint:
@@ -215,6 +219,7 @@ class HTTPBackend:
             names = await asyncio.gather(*(probe(ep) for ep in self._endpoints if not ep.alive))
             if any(ep.alive for ep in self._endpoints):
                 break
+            self._stop_if_dead(self.settings.urls)
             if time.monotonic() >= deadline:
                 raise BackendUnavailable(
                     f"server.backend={self.name}: no endpoint answered within {self.settings.connect_wait_s:g} s "
@@ -321,6 +326,7 @@ class HTTPBackend:
                 failure = exc
                 endpoint.errors[exc.kind] += 1
                 self.errors[exc.kind] += 1
+                self._stop_if_dead([endpoint.url])
                 if exc.kind == "connect":  # refused: the server is not there (a lost connection is not that)
                     endpoint.rest_until = time.monotonic() + ENDPOINT_REST_S
                 if exc.kind == ERROR_PROMPT_TOO_LONG:
@@ -344,22 +350,34 @@ class HTTPBackend:
         self._consecutive_failures += 1
         limit = settings.max_consecutive_failures
         if limit and self._consecutive_failures >= limit and self._fatal is None:
-            self._fatal = BackendUnavailable(
+            self._stop(BackendUnavailable(
                 f"server.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
                 f"{settings.max_attempts} attempts each (last: {failure.kind}: {' '.join(failure.detail.split())}); "
                 f"the endpoints "
                 f"{', '.join(settings.urls)} look down. Stopping; a rerun resumes where this one stopped "
-                "(generate.http.max_consecutive_failures)")
-            # The other requests in flight would only wait out timeouts or backoffs of a dead server:
-            # end them now, so every caller stops at once (with what its batch had finished).
-            current = asyncio.current_task()
-            for task in list(self._tasks):
-                if task is not current:
-                    task.cancel()
-            raise self._fatal
+                "(generate.http.max_consecutive_failures)"))
         return GenerationResult(id=request.id, error=ERROR_REQUEST_FAILED, prompt_tokens=tokens,
                                 error_detail=f"{failure.kind}: {failure.detail} (attempt {attempt} of "
                                              f"{settings.max_attempts})")
+
+    def _stop(self, fatal: BackendUnavailable) -> None:
+        """Stop every request of every caller with `fatal` (raised here, and by every request still going)."""
+        self._fatal = fatal
+        # The other requests in flight would only wait out timeouts or backoffs of a dead server:
+        # end them now, so every caller stops at once (with what its batch had finished).
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        raise fatal
+
+    def _stop_if_dead(self, urls: Sequence[str]) -> None:
+        """Stop at once, naming it, when the server eagle3 launched at one of `urls` has exited."""
+        dead = dead_server(urls, IN_FLIGHT) if self._fatal is None else None
+        if dead is not None:
+            fatal = BackendUnavailable(f"{dead}. Stopping; a rerun resumes where this one stopped")
+            fatal.server_exited = dead  # type: ignore[attr-defined]  # named: ServerProcess leaves it as it is
+            self._stop(fatal)
 
     async def _send(self, endpoint: _Endpoint, request: GenerationRequest, payload: bytes) -> GenerationResult:
         """One attempt; a _Failure says what went wrong and whether to retry."""

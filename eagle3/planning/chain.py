@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts import MANIFEST_NAME, STATUS_RUNNING, Manifest
+from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS_STOPPED, Manifest
 from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.draft.geometry import config_geometry
@@ -38,7 +38,7 @@ class UnitPlan:
     """One unit of one stage in the plan.
 
     Attributes:
-        status: complete | running | missing.
+        status: complete | running | stopped (kept none of its input) | missing.
         after: The upstream stage with no complete output yet (then `output` is None: the
             directory's fingerprint covers its inputs, which do not exist yet).
         after_unit: The unit of that upstream stage.
@@ -89,9 +89,15 @@ def locate(stage, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[UnitPl
     row = UnitPlan(stage.name, unit, "complete" if manifest else "missing", output=where,
                    inputs={k: str(m.dir) for k, m in inputs.items()})
     if manifest is None and (where / MANIFEST_NAME).is_file():
-        # locate read this manifest and it is not complete: a run started and has not finished.
-        row.status = STATUS_RUNNING
-        row.notes.append("a run started here and has not finished (or was killed): a rerun resumes it")
+        # locate read this manifest and it is not complete: a run started and has not finished, or
+        # kept none of its input and stopped the job (eagle3.stages.intake).
+        if Manifest.load(where).status == STATUS_STOPPED:
+            row.status = STATUS_STOPPED
+            row.notes.append(f"a run kept none of its input and stopped here (its rejects: {where / REJECTS_NAME}); "
+                             "a rerun starts it over")
+        else:
+            row.status = STATUS_RUNNING
+            row.notes.append("a run started here and has not finished (or was killed): a rerun resumes it")
     if manifest is not None:
         row.figures["output_bytes"] = Figure(manifest.total_bytes, "actual", "files in the unit directory")
     return row, manifest

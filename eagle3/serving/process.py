@@ -7,8 +7,9 @@ the whole group on the way out -- normal exit, an exception, Ctrl-C, a SIGTERM s
 scheduler cancelling the job): SIGTERM first, SIGKILL for what is left after a grace period.
 SGLang and vLLM spawn worker processes of their own; they are in the group too.
 
-If the server exits before it is healthy, or is not healthy within `startup_timeout_s`, the
-error is one line: what happened, the log file, and its last lines.
+If it exits before it is healthy or while the block runs (`eagle3.serving.exits`: a stage error
+then becomes the line naming the dead server), or is not healthy within `startup_timeout_s`, the
+error is one line: what happened, the pid, the log's error line, the log file, its last lines.
 
 No orphans, even after kill -9 of the job: a watchdog process (`eagle3.serving.watchdog`, whose
 docstring says why it and not a parent-death signal) stops the server's whole group when the job
@@ -48,29 +49,23 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts.atomic import atomic_write_json
 from eagle3.errors import Eagle3Error
-from eagle3.serving import leftovers, watchdog
+from eagle3.serving import exits, leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
 from eagle3.serving.engines import HEALTH_PATHS
+from eagle3.serving.exits import ServerError, ServerExited
 from eagle3.serving.http import HTTPFailure, request_sync
 
-__all__ = ["ServerError", "ServerProcess", "check_health", "probe_health", "records_dir", "server_endpoints"]
+__all__ = ["ServerError", "ServerExited", "ServerProcess", "check_health", "probe_health", "records_dir",
+           "server_endpoints"]
 
 log = logging.getLogger("eagle3")
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_GRACE_S = 15.0
-TAIL_IN_ERRORS = 8  # log lines quoted in a one-line error
-_MAX_TAIL_CHARS = 240
+TAIL_KEPT = 4000  # log lines kept in memory: a dead engine's traceback under its access lines and shutdown
 _EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 SERVERS_DIR = ".servers"  # under the artifact root: the records of launched servers
 _WATCHDOG_EXIT_S = 10.0  # how long a disarmed watchdog may take to exit
-
-
-class ServerError(Eagle3Error):
-    """A server that did not start, became unhealthy or exited; one line."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split("\n")))
 
 
 def probe_health(url: str, paths: Sequence[str], timeout: float = 2.0) -> Optional[str]:
@@ -151,7 +146,7 @@ class ServerProcess:
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
         self._log = None
-        self._tail: deque[str] = deque(maxlen=200)
+        self._tail: deque[str] = deque(maxlen=TAIL_KEPT)
         self._stopped = False
         self._previous_handlers: dict = {}
         self.record_path = (Path(records_dir) / f"{socket.gethostname().replace('/', '_')}-{command.port}.json"
@@ -175,14 +170,10 @@ class ServerProcess:
     def returncode(self) -> Optional[int]:
         return self._proc.poll() if self._proc else None
 
-    def tail(self, n: int = TAIL_IN_ERRORS) -> list[str]:
+    def tail(self, n: int = exits.TAIL_IN_ERRORS) -> list[str]:
         """The last `n` non-empty lines the server wrote."""
         lines = [line for line in list(self._tail) if line.strip()]
         return lines[-n:]
-
-    def _tail_text(self) -> str:
-        lines = [(line if len(line) <= _MAX_TAIL_CHARS else line[:_MAX_TAIL_CHARS] + "...") for line in self.tail()]
-        return " | ".join(line.strip() for line in lines) if lines else "(no output)"
 
     # ---------------------------------------------------------------------------------------
     # Lifecycle
@@ -196,8 +187,14 @@ class ServerProcess:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Stop the server; a stage error raised while the server had died becomes the error naming it."""
+        died = None if exits.names(exc, self.pid) else self.died("while the stage was using it")
         self.stop()
+        if died is not None and isinstance(exc, Eagle3Error):
+            raise died from exc
+        if died is not None and isinstance(exc, Exception):  # a bug keeps its traceback; the death is logged
+            log.error("%s", died)
 
     def start(self) -> None:
         """Start the process (returns at once; see `wait_healthy`)."""
@@ -227,6 +224,7 @@ class ServerProcess:
             raise ServerError(f"server.python: {self.command.argv[0]!r} -- cannot start the "
                               f"{self.command.backend} server ({exc.strerror or exc}); valid: the "
                               "python of the environment the server is installed in") from None
+        exits.register(self.url, self)
         self._install_sigterm()
         self._start_watchdog()
         self._write_record()
@@ -314,10 +312,16 @@ class ServerProcess:
         if self._reader is not None:
             self._reader.join(timeout)
 
-    def _exited_error(self, when: str) -> ServerError:
+    def _exited_error(self, when: str) -> ServerExited:
         self._drain()
-        return ServerError(f"{self.command.backend} server exited with code {self._proc.returncode} {when} "
-                           f"(log: {self.log_path}); last lines: {self._tail_text()}")
+        return exits.exited_error(self.command.backend, self.pid, self._proc.returncode, when, self.log_path,
+                                  list(self._tail))
+
+    def died(self, when: str) -> Optional[ServerExited]:
+        """The one-line error if the server exited on its own (not stopped by eagle3), else None."""
+        if self._proc is None or self._stopped or self._proc.poll() is None:
+            return None
+        return self._exited_error(when)
 
     def wait_healthy(self) -> str:
         """Block until a health path answers 200; returns that path.
@@ -340,7 +344,7 @@ class ServerProcess:
                 raise ServerError(f"{self.command.backend} server was not healthy at {self.url} "
                                   f"({' or '.join(paths)}) after {self.startup_timeout_s:g} s "
                                   f"(server.startup_timeout_s); stopped it (log: {self.log_path}); "
-                                  f"last lines: {self._tail_text()}")
+                                  f"last lines: {exits.tail_text(self.tail())}")
             time.sleep(self.poll_s)
 
     def wait(self) -> None:
@@ -366,6 +370,7 @@ class ServerProcess:
             if self._log is not None:
                 self._log.close()
             return None
+        exits.unregister(self.url, self)  # what follows is eagle3 stopping it, not a death
         if not self._stopped:
             try:
                 self._terminate()

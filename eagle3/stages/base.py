@@ -3,7 +3,8 @@
 Most stages work on independent *units* (one dataset source, one mixture): for each unit the
 output directory is fingerprinted from the unit's config slice and its input manifests, so a
 stage is fully described by four small functions. `UnitStage.__call__` does the rest the same
-way for all of them: skip complete units, resume incomplete ones, finalize, print the summary.
+way for all of them: skip complete units, resume incomplete ones, finalize, print the summary, and
+stop the job at the stage where a unit kept none of its input (`eagle3.stages.intake`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, log_summary
 from eagle3.artifacts.verify import check_reusable
-from eagle3.errors import Eagle3Error
+from eagle3.errors import Eagle3Error, NothingKept
+from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 
 log = logging.getLogger("eagle3")
 
@@ -57,6 +59,8 @@ class UnitStage:
         unit_config: The plain-data config slice that affects a unit's output.
         unit_inputs: Complete upstream manifests of a unit (use `require`).
         run_unit: Does the work into an open StageOutput; returns manifest `extra` or None.
+        intake: What a unit consumes, for a stage that must not hand on a unit that kept none of
+            it; None for stages whose units may rightly end empty (eval with no prompts).
     """
 
     name: str
@@ -65,6 +69,11 @@ class UnitStage:
     unit_config: Callable[[DictConfig, str], dict[str, Any]]
     unit_inputs: Callable[[DictConfig, StageContext, str], dict[str, Manifest]]
     run_unit: Callable[[DictConfig, StageContext, str, StageOutput], Optional[dict[str, Any]]]
+    intake: Optional[Intake] = None
+
+    def kept_nothing(self, counts: dict[str, Any]) -> bool:
+        """Whether a unit with these counts stops the stage (it never does without an `intake`)."""
+        return self.intake is not None and nothing_kept(counts)
 
     def locate(self, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[Path, Optional[Manifest]]:
         """Directory of a unit's output and its manifest if complete (nothing is created)."""
@@ -72,27 +81,52 @@ class UnitStage:
                                 self.unit_inputs(cfg, ctx, unit))
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        """Run every unit; then, if some kept none of their input, stop the job here in one line.
+
+        The other units still run first: their work is valid and reused by the rerun, and a user
+        fixing several sources sees them all at once (as config errors are reported together).
+        """
         manifests = []
+        stopped: dict[str, str] = {}  # unit -> what it says in the stop line
         units = self.units(cfg)
         if not units:
             log.info("%s: nothing to do for dataset=%s", self.name, cfg.dataset.name)
         for unit in units:
             inputs = self.unit_inputs(cfg, ctx, unit)
-            out = StageOutput.open(ctx.root, self.name, unit, self.unit_config(cfg, unit),
-                                   inputs=inputs, force=ctx.force)
-            if out.complete:
-                log.info("[%s] %s: complete, reusing %s (force=true to redo)", self.name, unit, out.dir)
-                manifests.append(out.manifest)
-                out.close()
+            empty = empty_inputs(inputs) if self.intake is not None else None
+            if empty is not None:  # outputs an earlier version completed empty: never run on nothing
+                stopped[unit] = empty
                 continue
-            with out:
-                for manifest in inputs.values():  # the work reads them: a changed file must not feed it
-                    check_reusable(Path(manifest.dir), manifest, manifest.fingerprint)
-                extra = self.run_unit(cfg, ctx, unit, out)
-                manifest = out.finalize(extra=extra)
-            log_summary(manifest)
+            manifest = self._run(cfg, ctx, unit, inputs)
+            if self.kept_nothing(manifest.counts):
+                stopped[unit] = unit_part(manifest, self.intake)
+                continue
+            self._warn_losses(cfg, manifest)
             manifests.append(manifest)
+        if stopped:
+            raise NothingKept(stop_line(self.name, self.intake, stopped, len(units)))
         return manifests
+
+    def _run(self, cfg: DictConfig, ctx: StageContext, unit: str, inputs: dict[str, Manifest]) -> Manifest:
+        """One unit: reused when complete, else worked, then finalized (or stopped, when it kept nothing)."""
+        out = StageOutput.open(ctx.root, self.name, unit, self.unit_config(cfg, unit), inputs=inputs, force=ctx.force)
+        if out.complete:
+            log.info("[%s] %s: complete, reusing %s (force=true to redo)", self.name, unit, out.dir)
+            out.close()
+            return out.manifest
+        with out:
+            for manifest in inputs.values():  # the work reads them: a changed file must not feed it
+                check_reusable(Path(manifest.dir), manifest, manifest.fingerprint)
+            extra = self.run_unit(cfg, ctx, unit, out)
+            manifest = out.stop(extra) if self.kept_nothing(out.counts()) else out.finalize(extra=extra)
+        log_summary(manifest)
+        return manifest
+
+    def _warn_losses(self, cfg: DictConfig, manifest: Manifest) -> None:
+        if self.intake is not None:
+            line = loss_warning(self.name, manifest, self.intake, float(cfg.data.warn_reject_fraction))
+            if line is not None:
+                log.warning(line)
 
 
 @dataclass(frozen=True)

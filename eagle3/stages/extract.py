@@ -31,6 +31,7 @@ from eagle3.extract.sources import open_states
 from eagle3.extract.store import StoreSpec
 from eagle3.extract.summary import lost_samples, unit_summary
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
+from eagle3.stages.intake import Intake
 from eagle3.stages.merge import MERGE
 from eagle3.target_info import target_identity
 
@@ -126,6 +127,11 @@ class ExtractStage(UnitStage):
             ctx = dataclasses.replace(ctx, force=True)
         return super().__call__(cfg, ctx)
 
+    def kept_nothing(self, counts: dict[str, Any]) -> bool:
+        """Only a slot whose every sample was rejected stops: with extract.num_shards > 1 a small
+        mixture may rightly leave a shard's slot without any sample."""
+        return super().kept_nothing(counts) and bool(counts.get("in"))
+
     def _lost_states(self, cfg: DictConfig, ctx: StageContext) -> bool:
         """Whether a complete unit's samples are no longer all in the store (shards or the store deleted)."""
         lost_any = False
@@ -146,4 +152,6 @@ EXTRACT = ExtractStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("samples", "mixture", "Fix the merged samples or the extract options (model.vocab_size, "
+                  "extract.*)"),
 )

@@ -31,6 +31,7 @@ from eagle3.generation.reuse import EarlierGenerations
 from eagle3.generation.types import RETRYABLE_REJECT_REASONS
 from eagle3.serving.engines import ENGINES
 from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.stages.intake import Intake
 from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads either)
     CONVERSATIONS_FILE,
     PREP,
@@ -192,4 +193,5 @@ GENERATE = GenerateStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("conversations", "source", "Fix the prompts or the generate options (generate.*, the server)"),
 )

@@ -18,6 +18,7 @@ from eagle3.artifacts import Manifest, StageOutput
 from eagle3.data.mixture import write_mixture
 from eagle3.errors import Eagle3Error
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
+from eagle3.stages.intake import Intake
 from eagle3.stages.tokenize import TOKENIZED_FILE
 
 FORMAT_VERSION = 1
@@ -51,8 +52,9 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     sources = {key.split(".", 1)[1]: (m.dir / TOKENIZED_FILE, m.counts.get("out"))
                for key, m in _unit_inputs(cfg, ctx, unit).items()}
     extra = write_mixture(out, sources, _weights(cfg), cfg.data.scale, cfg.data.eval_size, cfg.data.seed)
-    if not extra["train_samples"]:
+    if not extra["train_samples"] and extra["eval_samples"]:
         # Caught here, not as a traceback in train: a small file of one's own meets the demo's eval size.
+        # (A mixture with no sample at all is not the eval split's doing: UnitStage stops on it.)
         raise EmptyTrainSplit(
             f"merge {unit}: all {extra['eval_samples']} samples went to the eval split (data.eval_size="
             f"{int(cfg.data.eval_size)}), leaving nothing to train on; lower data.eval_size (e.g. "
@@ -68,4 +70,6 @@ MERGE = UnitStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("samples", "mixture", "Fix the sources upstream or the mixture (dataset.sources.*.weight)",
+                  chosen=("not_selected", "zero_weight")),
 )

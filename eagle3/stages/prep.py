@@ -13,6 +13,11 @@ duplicate_id, adapter_error, unknown_role, user_last, too_long, duplicate_prompt
 a 10K sample of a 5M-record set would otherwise write millions of reject lines that say
 nothing. A rerun of an unfinished unit redoes the scan, which is deterministic, and skips by id
 what the killed run already wrote.
+
+A source that keeps no record stops the job here (`eagle3.stages.intake`), even when the other
+sources are fine: the user asked for it, and without it the mixture would silently be another one
+(its weight spread over the rest) -- or, for a prompt-only source, a server would be launched to
+answer nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
 from eagle3.stages.base import StageContext, UnitStage, require
 from eagle3.stages.demo_data import DATA_FILE, DEMO_DATA
+from eagle3.stages.intake import Intake
 
 CONVERSATIONS_FILE = "conversations.jsonl"
 #: The hub commit an unpinned hub source's unit reads (resolved by its first run, kept by reruns).
@@ -108,4 +114,6 @@ PREP = UnitStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("records", "source", "Fix the data or the dataset options (dataset.*, prep.*)",
+                  chosen=("not_sampled",)),
 )

@@ -18,6 +18,7 @@ from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.data.render import RenderSettings
 from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
 from eagle3.stages.base import StageContext, UnitStage, require
+from eagle3.stages.intake import Intake
 from eagle3.stages.prep import (
     CONVERSATIONS_FILE,  # generate writes the same file under the same name
 )
@@ -85,4 +86,6 @@ TOKENIZE = UnitStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("conversations", "source", "Fix the data or the tokenize options (data.max_len, "
+                  "tokenize.overlength, model.training_chat_template)"),
 )

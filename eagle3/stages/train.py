@@ -39,7 +39,7 @@ EXPORT_DIR = "draft"
 METRICS_FILE = "train_metrics.json"
 FORMAT_VERSION = 1
 # Keys of `train` that do not change what is trained (only how it is watched).
-_UNTRACKED = ("log_every_n_steps", "num_workers")
+_UNTRACKED = ("log_every_n_steps", "num_workers", "progress_every_s", "logits_memory_gb")
 ONLINE_URLS_FILE = "online_servers.json"  # rank 0's state server, for ranks a launcher starts apart
 
 

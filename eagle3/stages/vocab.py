@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.data.mixture import EVAL_FILE, TRAIN_FILE
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
+from eagle3.stages.intake import Intake
 from eagle3.stages.merge import MERGE
 
 D2T_FILE = "d2t.pt"
@@ -45,4 +46,5 @@ VOCAB = UnitStage(
     unit_config=_unit_config,
     unit_inputs=_unit_inputs,
     run_unit=_run_unit,
+    intake=Intake("train samples", "mixture", "Fix the merge output (stage=merge force=true)"),
 )
