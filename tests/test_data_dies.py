@@ -16,7 +16,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
 from eagle3.errors import EXIT_STAGE_ERROR, NothingKept
-from eagle3.stages import StageContext, check_config
+from eagle3.stages import MissingInput, StageContext, check_config
 from eagle3.stages.intake import empty_inputs
 from eagle3.stages.prep import PREP
 from eagle3.sweeps.jobs import JOB_FILE
@@ -132,6 +132,23 @@ def test_a_stopped_unit_is_started_over_by_the_rerun(tmp_path):
     assert len(list(read_jsonl(stopped / "rejects.jsonl"))) == 3
 
 
+def test_the_next_stage_and_the_plan_say_the_unit_stopped_not_that_it_never_ran(tmp_path):
+    from eagle3.planning.chain import locate
+    from eagle3.stages.generate import GENERATE
+
+    bad = write_chats(tmp_path / "bad.jsonl", 3, answer_first=3)
+    cfg = files_cfg(tmp_path / "art", bad, overrides=("dataset.track=prompt_only",))
+    ctx = StageContext(root=tmp_path / "art", run_dir=tmp_path)
+    with pytest.raises(NothingKept):
+        PREP(cfg, ctx)
+    stopped = unit_dir(tmp_path / "art", "prep", "bad")
+    with pytest.raises(MissingInput, match=f"its last run kept none of its input \\(every reject with its reason: "
+                       f"{stopped / 'rejects.jsonl'}\\); fix that, then rerun stage=prep"):
+        GENERATE(cfg, ctx)  # stage=generate alone: no server is launched for it
+    row, _ = locate(PREP, cfg, ctx, "bad")
+    assert row.status == "stopped" and "a rerun starts it over" in row.notes[0]
+
+
 def test_several_empty_sources_are_one_line_naming_each(tmp_path):
     first = write_chats(tmp_path / "first.jsonl", 2, answer_first=2)
     second = write_chats(tmp_path / "second.jsonl", 3, answer_first=3)
@@ -194,7 +211,8 @@ def test_empty_inputs_name_the_stage_upstream_that_emptied_them(tmp_path):
         tokenized = tokenize.finalize()
     said = empty_inputs({"tokenized.a": tokenized})
     assert said == (f"nothing to read: stage prep kept 0 of 2 for a (rejected 2: assistant_first 2 (e.g. "
-                    f"/data/a.jsonl:1: {ANSWER_FIRST}); every reject with its reason: {prep_done.dir / 'rejects.jsonl'})")
+                    f"/data/a.jsonl:1: {ANSWER_FIRST}); every reject with its reason: "
+                    f"{prep_done.dir / 'rejects.jsonl'})")
     kept = StageOutput.open(tmp_path, "tokenize", "b", {"v": 1})
     with kept:
         kept.count_in()

@@ -136,7 +136,7 @@ def test_the_fc_rule_names_the_target_width_not_the_draft_width():
 def test_a_config_never_asks_for_rope_scaling_the_export_would_refuse():
     """The one export refusal no config reaches: the draft never takes the target's rope scaling
     (Kimi's is yarn), so `rope_scaling` is always null in what train builds."""
-    model = dict(compose_config(["model=kimi_k25"]).model)
+    model = dict(compose_config(["model=kimi_k25", "server=sglang"]).model)  # served by SGLang: the plain layer
     model["path"] = "/nonexistent"  # the hub id is not local: the model.* keys stand in
     g = config_geometry({**model, "draft": dict(model["draft"])})
     assert g.rope_scaling is None and geometry_refusals(g, "sglang") == []

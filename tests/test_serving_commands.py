@@ -157,7 +157,7 @@ def test_vllm_cpu_demo_command(drafts):
         "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "1", "--data-parallel-size", "1",
         "--dtype", "bfloat16", "--max-model-len", "2048",
         "--reasoning-parser", "kimi_k2", "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k2",
-        "--speculative-config", spec,
+        "--speculative-config", spec, "--no-enable-chunked-prefill",
     ]
     assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                        "LD_PRELOAD": "/opt/vllm-env/lib/libiomp5.so"}
@@ -325,8 +325,10 @@ def test_launcher_config_rules():
         "server.vllm_cpu_kvcache_gb: 0 -- must be a positive number; valid: > 0"]
     assert errors_for(["stage=serve"]) == [
         "server.backend: 'hf' -- stage=serve launches an HTTP server; valid: sglang, vllm (e.g. server=sglang)"]
-    # The demo draft's layer variant is vLLM-only: SGLang would serve the plain layer.
-    assert errors_for(["stage=serve", "server=sglang"]) == [
+    # The layer follows the serving engine: a draft for SGLang gets the plain layer by default...
+    assert errors_for(["stage=serve", "server=sglang"]) == []
+    # ...and asking SGLang for a vLLM-only variant is refused: SGLang would serve the plain layer.
+    assert errors_for(["stage=serve", "server=sglang", "model.draft.norm_before_residual=true"]) == [
         "model.draft.norm_before_residual: true -- sglang cannot serve this draft layer variant (sglang's "
         "llama_eagle3 has no such option and would run the plain layer; vllm serves it), so the chain exports "
         "none for it; valid: false for sglang, or server.backend=vllm"]

@@ -34,6 +34,18 @@ LAYER_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_out
 #: reads all four config keys. SGLang's llama_eagle3.py reads none of them: it would load such a
 #: draft without an error (unknown tensors are skipped) and run the plain layer, so it is refused.
 VARIANT_ENGINES = {variant: ("vllm",) for variant in LAYER_VARIANTS}
+#: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
+#: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
+#: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
+#: "Defaults that carry"); SGLang serves none, so its drafts keep the plain layer.
+SERVING_LAYER = {"vllm": ("norm_before_residual",), "hf": ("norm_before_residual",), "sglang": ()}
+
+
+def serving_layer_default(variant: str, backend: str) -> bool:
+    """Whether `variant` is on by default for a draft served by `backend` (see SERVING_LAYER)."""
+    if variant not in LAYER_VARIANTS:
+        raise ValueError(f"unknown draft layer variant {variant!r}; valid: {', '.join(LAYER_VARIANTS)}")
+    return variant in SERVING_LAYER.get(backend, ())
 
 
 def variant_engines_refusing(variants: dict, engines) -> dict[str, list[str]]:

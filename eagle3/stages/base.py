@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from omegaconf import DictConfig
 
-from eagle3.artifacts import Manifest, StageOutput, log_summary
+from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manifest, StageOutput, log_summary
 from eagle3.artifacts.verify import check_reusable
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
@@ -157,9 +157,10 @@ def require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> 
     """The complete output of `stage` for `unit`, or a MissingInput naming what to run."""
     where, manifest = stage.locate(cfg, ctx, unit)
     if manifest is None:
-        raise MissingInput(
-            f"no complete {stage.name} output for {unit!r} (expected {where}); "
-            f"run stage={stage.name} first, or stage=all",
-            stage=stage.name, unit=unit,
-        )
+        todo = f"run stage={stage.name} first, or stage=all"
+        if (where / MANIFEST_NAME).is_file() and Manifest.load(where).status == STATUS_STOPPED:
+            todo = (f"its last run kept none of its input (every reject with its reason: {where / REJECTS_NAME}); "
+                    f"fix that, then rerun stage={stage.name}")
+        raise MissingInput(f"no complete {stage.name} output for {unit!r} (expected {where}); {todo}",
+                           stage=stage.name, unit=unit)
     return manifest

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from eagle3.artifacts import REJECTS_NAME, Manifest, read_jsonl
+from eagle3.artifacts import REJECTS_NAME, JsonlError, Manifest, read_jsonl
 from eagle3.artifacts.records import PARTIAL_SUFFIX
 
 __all__ = ["Intake", "empty_inputs", "loss_warning", "nothing_kept", "stop_line", "unit_part"]
@@ -69,15 +69,18 @@ def _example(manifest: Manifest, reason: str) -> Optional[str]:
     path = _rejects_path(manifest)
     if path is None:
         return None
-    for lineno, record in enumerate(read_jsonl(path), 1):
-        if record.get("reason") == reason:
-            detail = _one_line(record.get("detail") or reason)
-            where = record.get("where")
-            if where:  # prep's readers already start some details with the place
-                return detail if detail.startswith(str(where)) else f"{where}: {detail}"
-            return f"id {record.get('id')!r} ({path.name}:{lineno}): {detail}"
-        if lineno >= _SCAN_LINES:
-            break
+    try:
+        for lineno, record in enumerate(read_jsonl(path), 1):
+            if record.get("reason") == reason:
+                detail = _one_line(record.get("detail") or reason)
+                where = record.get("where")
+                if where:  # prep's readers already start some details with the place
+                    return detail if detail.startswith(str(where)) else f"{where}: {detail}"
+                return f"id {record.get('id')!r} ({path.name}:{lineno}): {detail}"
+            if lineno >= _SCAN_LINES:
+                break
+    except (OSError, JsonlError):
+        pass  # the example is a courtesy: the line that stops or warns must not fail over it
     return None  # counted in bulk (count_reject): no record to show
 
 
