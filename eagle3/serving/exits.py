@@ -22,17 +22,20 @@ from typing import Any, Iterable, Optional, Protocol
 
 from eagle3.errors import Eagle3Error
 
-__all__ = ["TAIL_IN_ERRORS", "ServerError", "ServerExited", "dead_server", "error_line", "exit_text",
+__all__ = ["DYING_S", "TAIL_IN_ERRORS", "ServerError", "ServerExited", "dead_server", "error_line", "exit_text",
            "exited_error", "names", "register", "tail_text", "unregister"]
 
 TAIL_IN_ERRORS = 8  # log lines quoted in a one-line error
+# How long a server whose stage failed gets to finish dying before it is stopped: vLLM's API server
+# answers HTTP 500 for a moment after its engine died (a client may give up then), and exits after.
+DYING_S = 5.0
 _MAX_LINE_CHARS = 240
 # vLLM prefixes its log lines with the process and a level, time and source (`(EngineCore_DP0 pid=7) ERROR
 # 12-02 04:10:11 [core.py:844] `), SGLang and plain logging with a time and a level: dropped before matching.
 _PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:\[?\d{4}-\d\d-\d\d[ T][\d:.,]+\]?\s+)?"
                      r"(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(?:\d\d-\d\d\s+[\d:.]+\s+)?(?:\[[^\]]*\]\s*)?)?")
 # The final line of a traceback: `[module.]NameError|Exception|...[: message]`.
-_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|Interrupt)(?::\s.*)?$")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?=[A-Za-z_])\w*(?:Error|Exception|Failure|Interrupt)(?::\s.*)?$")
 _LOGGED_ERROR = re.compile(r"(?:^|[\s\]])(?:ERROR|CRITICAL|FATAL)\b")
 # A wrapper that only points at the real cause (vLLM's EngineDeadError: "See stack trace (above) ...").
 _POINTER = re.compile(r"\babove\b|root cause", re.IGNORECASE)

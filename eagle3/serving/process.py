@@ -172,8 +172,7 @@ class ServerProcess:
 
     def tail(self, n: int = exits.TAIL_IN_ERRORS) -> list[str]:
         """The last `n` non-empty lines the server wrote."""
-        lines = [line for line in list(self._tail) if line.strip()]
-        return lines[-n:]
+        return [line for line in list(self._tail) if line.strip()][-n:]
 
     # ---------------------------------------------------------------------------------------
     # Lifecycle
@@ -188,13 +187,12 @@ class ServerProcess:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """Stop the server; a stage error raised while the server had died becomes the error naming it."""
-        died = None if exits.names(exc, self.pid) else self.died("while the stage was using it")
+        """Stop the server; a stage error raised while the server died (or was dying) becomes the line naming it."""
+        stage_error = isinstance(exc, Eagle3Error) and not exits.names(exc, self.pid)
+        died = self.died("while the stage was using it", exits.DYING_S) if stage_error else None
         self.stop()
-        if died is not None and isinstance(exc, Eagle3Error):
+        if died is not None:
             raise died from exc
-        if died is not None and isinstance(exc, Exception):  # a bug keeps its traceback; the death is logged
-            log.error("%s", died)
 
     def start(self) -> None:
         """Start the process (returns at once; see `wait_healthy`)."""
@@ -317,11 +315,13 @@ class ServerProcess:
         return exits.exited_error(self.command.backend, self.pid, self._proc.returncode, when, self.log_path,
                                   list(self._tail))
 
-    def died(self, when: str) -> Optional[ServerExited]:
-        """The one-line error if the server exited on its own (not stopped by eagle3), else None."""
-        if self._proc is None or self._stopped or self._proc.poll() is None:
+    def died(self, when: str, wait_s: float = 0.0) -> Optional[ServerExited]:
+        """The one-line error if the server exited on its own (not stopped by eagle3), within `wait_s`; else None."""
+        if self._proc is None or self._stopped:
             return None
-        return self._exited_error(when)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(wait_s)
+        return self._exited_error(when) if self._proc.returncode is not None else None
 
     def wait_healthy(self) -> str:
         """Block until a health path answers 200; returns that path.
