@@ -247,25 +247,27 @@ def test_recomputing_logits_past_the_memory_budget_gives_the_same_gradients():
 
 
 @pytest.mark.parametrize("in_vocab_mass", [1.0, 0.7])
-def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_mass):
+def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_mass, monkeypatch):
     """The fused KL's value and logit gradient against autograd of the textbook formula, for a
     renormalised teacher (rows sum to 1) and a full-vocab one (rows sum to the in-vocab mass)."""
     from eagle3.draft.ttt import _SoftTargetKL
 
     torch.manual_seed(3)
+    monkeypatch.setattr("eagle3.draft.ttt.KL_CHUNK_ROWS", 4)  # rows in two chunks, the second short
     logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     probs = torch.softmax(torch.randn(4, 9, dtype=torch.float64), -1) * in_vocab_mass
     rows = torch.tensor([0, 2, 3, 1, 2, 0])
     weight = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     neg_entropy = torch.xlogy(probs, probs).sum(-1)
-    fused = _SoftTargetKL.apply(logits, probs, rows, neg_entropy, weight)
+    fused, pred = _SoftTargetKL.apply(logits, probs, rows, neg_entropy, weight)
+    assert pred.tolist() == logits.argmax(-1).tolist()
     (g_fused,) = torch.autograd.grad(fused, logits)
     p = probs[rows]
     ref = ((neg_entropy[rows] - (p * torch.log_softmax(logits, -1)).sum(-1)) * weight).sum()
     (g_ref,) = torch.autograd.grad(ref, logits)
     assert fused.item() == pytest.approx(ref.item(), abs=1e-12)
     assert torch.allclose(g_fused, g_ref, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda z: _SoftTargetKL.apply(z, probs, rows, neg_entropy, weight), (logits,))
+    assert torch.autograd.gradcheck(lambda z: _SoftTargetKL.apply(z, probs, rows, neg_entropy, weight)[0], (logits,))
 
 
 def test_bf16_autocast_step_stays_close_to_float32():
