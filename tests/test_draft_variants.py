@@ -194,11 +194,25 @@ def test_muon_group_matches_torch_muon_with_adamw_rms_matching():
     assert torch.allclose(moved_ours, moved_ref, rtol=0.05, atol=5e-3)
 
 
-def test_orthogonalize_flattens_the_spectrum():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_orthogonalize_flattens_the_spectrum(dtype):
     torch.manual_seed(0)
     update = torch.randn(16, 6) @ torch.diag(torch.tensor([10.0, 5, 1, 0.5, 0.2, 0.1])) @ torch.randn(6, 6)
-    s = torch.linalg.svdvals(orthogonalize(update, steps=5))
-    assert s.max() < 1.3 and s.min() > 0.3  # from a 100x spread to within a factor ~3
+    ortho = orthogonalize(update, steps=5, dtype=dtype)
+    assert ortho.dtype == torch.float32  # the update comes back in the parameter's dtype
+    s = torch.linalg.svdvals(ortho)
+    assert s.max() < 1.3 and s.min() > 0.3  # from a 100x spread to within a factor ~3, in bf16 too
+
+
+def test_muon_newton_schulz_precision_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr("eagle3.draft.optim.cpu_has_native_bf16", lambda: True)
+    params = _params()
+    assert MuonAdamW(params, lr=1e-2)._ns_dtype(params[0][1]) == torch.bfloat16
+    monkeypatch.setattr("eagle3.draft.optim.cpu_has_native_bf16", lambda: False)
+    assert MuonAdamW(params, lr=1e-2)._ns_dtype(params[0][1]) == torch.float32
+    assert MuonAdamW(params, lr=1e-2, ns_dtype="bfloat16")._ns_dtype(params[0][1]) == torch.bfloat16
+    with pytest.raises(ValueError, match="ns_dtype='half'; valid: auto, bfloat16, float32"):
+        MuonAdamW(params, lr=1e-2, ns_dtype="half")
 
 
 def test_muon_state_round_trips_so_a_resumed_run_continues_identically():

@@ -14,17 +14,20 @@ from typing import Iterable
 
 import torch
 
+from eagle3.dtypes import cpu_has_native_bf16
+
 #: Parameter names that stay on AdamW although they are matrices (rows are vocabulary entries).
 ADAMW_NAME_HINTS = ("lm_head", "embed_tokens")
 #: Quintic Newton-Schulz coefficients (the values torch.optim.Muon uses).
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(update: torch.Tensor, steps: int, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately U V^T of `update = U S V^T` (`[rows, cols]`), by Newton-Schulz iteration."""
+def orthogonalize(update: torch.Tensor, steps: int, eps: float = 1e-7,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Approximately U V^T of `update = U S V^T` (`[rows, cols]`), by Newton-Schulz iteration in `dtype`."""
     a, b, c = NS_COEFFICIENTS
     x = update.float()
-    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1
+    x = (x / x.norm().clamp(min=eps)).to(dtype)  # spectral norm <= 1
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T  # iterate on the wide side: [min, max]
@@ -47,12 +50,15 @@ class MuonAdamW(torch.optim.Optimizer):
         betas / eps / weight_decay: AdamW's. muon_momentum / muon_weight_decay / ns_steps: Muon's.
         Muon's update is scaled by `0.2 * sqrt(max(rows, cols))`, which gives it AdamW's
         update RMS, so one learning rate suits both groups.
+        ns_dtype: Newton-Schulz precision: "auto" = bfloat16 on a GPU or a CPU with bf16 units (as
+            torch.optim.Muon iterates; the iteration tolerates it and its matmuls were ~23 % of a
+            SmolLM2-sized step in fp32), else float32; or "bfloat16" / "float32".
     """
 
     def __init__(self, params: Iterable[tuple[str, torch.Tensor]], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  muon_lr: float | None = None, muon_momentum: float = 0.95, muon_weight_decay: float = 0.1,
-                 ns_steps: int = 5) -> None:
+                 ns_steps: int = 5, ns_dtype: str = "auto") -> None:
         muon, adamw = [], []
         for item in params:
             if not isinstance(item, (tuple, list)) or len(item) != 2:
@@ -65,6 +71,9 @@ class MuonAdamW(torch.optim.Optimizer):
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                     "momentum": muon_momentum, "ns_steps": ns_steps, "muon": False}
         super().__init__([g for g in groups if g["params"]], defaults)
+        if ns_dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"ns_dtype={ns_dtype!r}; valid: auto, bfloat16, float32")
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -86,10 +95,17 @@ class MuonAdamW(torch.optim.Optimizer):
         state = self.state[p]
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
         buf.lerp_(p.grad, 1 - group["momentum"])
-        update = orthogonalize(p.grad.lerp(buf, group["momentum"]), group["ns_steps"])  # Nesterov
+        update = orthogonalize(p.grad.lerp(buf, group["momentum"]), group["ns_steps"],  # Nesterov
+                               dtype=self._ns_dtype(p))
         lr = group["lr"] * 0.2 * math.sqrt(max(p.shape))
         p.mul_(1 - group["lr"] * group["weight_decay"])
         p.add_(update, alpha=-lr)
+
+    def _ns_dtype(self, p: torch.Tensor) -> torch.dtype:
+        if self.ns_dtype == "auto":
+            native = p.device.type == "cuda" or (p.device.type == "cpu" and cpu_has_native_bf16())
+            return torch.bfloat16 if native else torch.float32
+        return getattr(torch, self.ns_dtype)
 
     def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
