@@ -33,6 +33,10 @@ OPTION_ARGS = {
     "dataset/files.yaml": [f"dataset.files=[{_RAW / 'sharegpt.jsonl'},{_RAW / 'glaive.jsonl'}]",
                            "dataset.track=prompt_only"],
     "model/auto.yaml": ["model.path=${eagle3_asset:demo_target}"],
+    # scripts/build_smollm2.py makes the checkpoint on a machine that runs it; SmolLM2's own
+    # config.json (copied from that build) stands for it here, so the experiment is checked
+    # against the real 30-layer geometry on a fresh clone too.
+    "experiment/smollm2.yaml": [f"model.path={Path(__file__).parent / 'fixtures' / 'smollm2_config'}"],
 }
 
 
