@@ -28,7 +28,7 @@ from eagle3.chat_formats.kimi import (
     TOOL_CALLS_BEGIN,
     TOOL_CALLS_END,
 )
-from eagle3.errors import Eagle3Error
+from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.generation import pipeline
 from eagle3.generation.factory import make_backend
 from eagle3.generation.hf_backend import to_message
@@ -320,14 +320,21 @@ def test_regenerates_every_turn_with_the_sources_thinking_mode(tmp_path, thinkin
 
 @pytest.mark.slow
 def test_tiny_max_new_tokens_forces_length_under_both_policies(tmp_path):
-    runs = {policy: _run_chain(tmp_path, "generate.max_new_tokens=2", f"generate.length_policy={policy}")
-            for policy in ("keep_flagged", "drop")}
-    keep, drop = runs["keep_flagged"], runs["drop"]
-    for m in runs.values():
-        _reconciled(m)
+    keep = _run_chain(tmp_path, "generate.max_new_tokens=2", "generate.length_policy=keep_flagged")
+    _reconciled(keep)
     n_cut = keep.extra["finish_reasons"].get("length", 0)
     assert n_cut >= N_CONVS - 1, keep.extra
     assert keep.counts["length_cut_kept"] == n_cut and "length_cut" not in keep.counts["rejected"]
+    try:
+        drop = _run_chain(tmp_path, "generate.max_new_tokens=2", "generate.length_policy=drop")
+    except NothingKept as exc:  # every answer was cut: dropping them all stops the job at generate
+        assert n_cut == N_CONVS and "0 of 8 conversations kept; rejected 8: length_cut 8" in str(exc)
+        [unit] = [d for d in (tmp_path / "generate").iterdir() if d != keep.dir]
+        drop = Manifest.load(unit)
+        assert drop.status == "stopped"
+        assert drop.counts["in"] == N_CONVS == sum(drop.counts["rejected"].values())
+    else:
+        _reconciled(drop)
     assert drop.counts["rejected"].get("length_cut") == n_cut and drop.counts["length_cut_kept"] == 0
     assert drop.counts["out"] == keep.counts["out"] - n_cut
     for rec in read_jsonl(keep.dir / CONVERSATIONS_FILE):
