@@ -39,7 +39,8 @@ def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     assert_stopped(port)
 
     [prep] = [Manifest.load(d) for d in (root / "prep").iterdir()]
-    assert prep.counts["rejected"] == {} and prep.counts["out"] == 40  # bare questions are prompt-only input
+    # Bare questions are prompt-only input: none rejected, 40 sampled of the 1,000.
+    assert prep.counts["rejected"] == {"not_sampled": 960} and prep.counts["out"] == 40
     [generated] = [Manifest.load(d) for d in (root / "generate").iterdir()]
     assert generated.status == "complete" and generated.counts["out"] >= 38
     conversations = list(read_jsonl(generated.dir / "conversations.jsonl"))
