@@ -7,9 +7,12 @@ speculators' trainer is written for GPUs: it moves the model and every batch to 
 device `local_rank` (an accelerator index) and synchronises the accelerator around its timers.
 This puts the model and batches on the CPU and makes the synchronisation a no-op; the model,
 losses, optimizers, schedule, data pipeline and checkpoints are speculators' own, unchanged.
-Autocast for the trainer's "cuda" device type is then disabled by torch itself, so training
-runs in float32 (pass `--hidden-states-dtype float32`, as scripts/speculators_side_by_side.py
-does). Used only to train the comparison draft of that script.
+speculators trains under `torch.autocast(<accelerator>, dtype=--hidden-states-dtype)` (bfloat16
+by default); without an accelerator it would name "cuda", which torch disables on a CPU-only
+machine, so the trainer's autocast is pointed at the CPU: the same mixed precision as on a GPU
+(bf16 matmuls, fp32 master weights), which eagle3's `train.precision=auto` also picks on a CPU
+with native bf16. `--hidden-states-dtype float32` still trains in float32. Used only to train
+the comparison draft of scripts/speculators_side_by_side.py.
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ if torch.accelerator.current_accelerator() is None:
     trainer.get_local_rank = lambda: "cpu"
     recovery.get_local_rank = lambda: "cpu"
     torch.accelerator.synchronize = lambda *args, **kwargs: None
+    accelerator_init = trainer.Trainer.__init__
+
+    def cpu_trainer_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        accelerator_init(self, *args, **kwargs)
+        self.device_type = "cpu"  # its autocast device (it names "cuda" without an accelerator)
+
+    trainer.Trainer.__init__ = cpu_trainer_init
 
 from speculators.cli import app  # noqa: E402
 

@@ -7,8 +7,8 @@
 (`data.seed` follows `seed` unless OVERRIDES fix it, e.g. `-- data.seed=0` for the same data
 under every seed.)
 
-For each seed: (1) `stage=all` of the demo chain (plus OVERRIDES) trains and evaluates eagle3's
-draft; (2) speculators 0.9.0 (`speculators train`, its own venv; on a CPU through scripts/speculators_cpu.py) trains an Eagle-3
+For each seed: (1) the chain's stages through `train` (plus OVERRIDES; `--chain-root` reuses an
+existing chain's units) train eagle3's draft; (2) speculators 0.9.0 (`speculators train`, its own venv; on a CPU through scripts/speculators_cpu.py) trains an Eagle-3
 draft on the same train split: the same token ids and trained positions, capture ids, vocab
 maps (the chain's d2t/t2d), TTT steps, epochs and tokens per batch, its eval split for
 validation. Its states are computed here by the same target in the same fp32 forward as the
@@ -75,13 +75,23 @@ def run_logged(cmd: list[str], root: Path, name: str, env: dict | None = None) -
     return time.perf_counter() - started
 
 
-def chain(root: Path, seed: int, overrides: list[str], stage: str = "all", extra: tuple = ()) -> dict:
+def chain(root: Path, chain_root: Path, seed: int, overrides: list[str], stage: str, extra: tuple = ()) -> dict:
     """Run a stage of the chain; returns the job's job.json (its `outputs` name the unit dirs)."""
-    tag = hashlib.sha256("\0".join(extra).encode()).hexdigest()[:8] if extra else ""
-    run_dir = root / "runs" / f"{stage}_s{seed}{'_' + tag if tag else ''}"
-    run_logged([sys.executable, str(RUN_PY), f"stage={stage}", f"seed={seed}", f"paths.root={root / 'chain'}",
+    tag = hashlib.sha256("\0".join((*overrides, *extra)).encode()).hexdigest()[:8]
+    run_dir = root / "runs" / f"{stage}_s{seed}_{tag}"
+    run_logged([sys.executable, str(RUN_PY), f"stage={stage}", f"seed={seed}", f"paths.root={chain_root}",
                 f"hydra.run.dir={run_dir}", *overrides, *extra], root, run_dir.name)
     return json.loads((run_dir / "job.json").read_text())
+
+
+def chain_through_train(root: Path, chain_root: Path, seed: int, overrides: list[str]) -> dict:
+    """The chain's stages up to train, one job each (eval is the judging below, not the chain's)."""
+    from eagle3.stages import CHAIN
+
+    names = [entry.name for entry in CHAIN]
+    for name in names[: names.index("train") + 1]:
+        job = chain(root, chain_root, seed, overrides, name)
+    return job
 
 
 def unit_dir(job: dict, stage: str) -> Path:
@@ -113,6 +123,7 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
         return json.loads(done_file.read_text())
     records = [*read_jsonl(merged / SPLIT_FILES["train"]), *read_jsonl(merged / SPLIT_FILES["eval"])]
     n_train = sum(1 for _ in read_jsonl(merged / SPLIT_FILES["train"]))
+    started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     prenorm: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_pre_hook(lambda _m, args: prenorm.append(args[0].detach()))
@@ -141,8 +152,11 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
     t2d = torch.load(vocab_dir / "t2d.pt", weights_only=True)
     np.save(out / "d2t.npy", d2t.long().numpy())
     np.save(out / "t2d.npy", t2d.bool().numpy())
+    # The forward (model load, every sample's target pass, the files written): what speculators'
+    # offline recipe runs before training, beside eagle3's extract stage.
     info = {"target": target, "capture_layers": capture, "n_train": n_train, "n_eval": len(records) - n_train,
-            "train_tokens_per_epoch": sum(rows["seq_len"][:n_train])}
+            "train_tokens_per_epoch": sum(rows["seq_len"][:n_train]), "tokens": sum(rows["seq_len"]),
+            "forward_wall_s": round(time.perf_counter() - started, 1)}
     done_file.write_text(json.dumps(info))
     return info
 
@@ -164,7 +178,7 @@ def train_speculators(root: Path, data: Path, info: dict, train_cfg: dict, seed:
            "--ttt-steps", str(train_cfg["ttt_steps"]), "--epochs", str(epochs),
            "--total-seq-len", str(train_cfg["batch_tokens"]), "--train-data-ratio", repr((info["n_train"] + 0.5) / n),
            "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--num-workers", "0",
-           "--hidden-states-dtype", "float32", "--seed", str(seed), "--no-resume-from-checkpoint"]
+           "--hidden-states-dtype", "bfloat16", "--seed", str(seed), "--no-resume-from-checkpoint"]
     wall = run_logged(cmd, root, f"speculators_train_s{seed}", env={"WANDB_MODE": "disabled"})
     result = {"wall_s": round(wall, 1),
               "train_tokens_per_s": round(info["train_tokens_per_epoch"] * epochs / wall, 1)}
@@ -260,6 +274,8 @@ def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_p
     geometry, draft, head = load_eval_draft(Path(export), target, revision=None, cache_dir=None, text_config_key=None)
     eval_set = split_dataset({"extract": extract}, "eval")
     simulated = simulated_acceptance(geometry, draft, head, train_cfg, eval_set, ks, batch_tokens=int(train_cfg["batch_tokens"]))
+    if num_prompts == 0:
+        return {"sim_accept_len": simulated["sim_accept_len"], "acc": simulated["acc"], "real": {}}
     prompts = heldout_prompts(Path(extract.inputs["merged"]["path"]) / EVAL_FILE, num_prompts)
     real = real_acceptance(target, draft, [p["input_ids"] for p in prompts], ks=ks, max_new_tokens=max_new,
                            capture_layers=list(geometry.capture_layers), check_lossless=True, revision=None,
@@ -268,10 +284,12 @@ def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_p
             "real": {str(k): {"accept_length": r["accept_length"], "lossless": r["lossless"]} for k, r in real.items()}}
 
 
-def vllm_bench(root: Path, seed: int, overrides: list[str], export: Path, k: int, python: str, name: str) -> dict:
-    job = chain(root, seed, overrides, stage="bench", extra=(
+def vllm_bench(root: Path, chain_root: Path, seed: int, overrides: list[str], export: Path, k: int,
+               python: str) -> dict:
+    job = chain(root, chain_root, seed, overrides, "bench", extra=(
         "server=vllm", f"server.python={python}", f"server.speculative.draft_path={export}",
-        f"server.speculative.num_steps={k}", f"server.speculative.num_draft_tokens={k + 1}", "bench.baseline=false"))
+        f"server.speculative.num_steps={k}", f"server.speculative.num_draft_tokens={k + 1}", "bench.baseline=false",
+        "bench.repeats=1"))
     report = json.loads((unit_dir(job, "bench") / "bench_report.json").read_text())
     accept = report["accept"]
     return {"accept_length": accept["accept_length"], "per_position": accept.get("acceptance_per_position"),
@@ -282,6 +300,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--target", default=None, help="the chain's model.path (default: the demo target)")
+    parser.add_argument("--chain-root", type=Path, default=None,
+                        help="the chain's paths.root (default ROOT/chain); an existing one's units are reused")
+    parser.add_argument("--in-process-prompts", type=int, default=16,
+                        help="held-out prompts of the in-process real decoding (0: simulated τ only)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--ks", type=int, nargs="+", default=[3, 5])
     parser.add_argument("--speculators-python", default=str(REPO / ".speculators-venv" / "bin" / "python"))
@@ -290,16 +312,20 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="overrides of both chains (after --)")
     args = parser.parse_args()
     root = args.root.resolve()
+    chain_root = (args.chain_root or root / "chain").resolve()
     from eagle3.paths import asset_path
 
     target = args.target or str(asset_path("demo_target"))
-    rows = []
+    results = root / "side_by_side.json"
+    earlier = json.loads(results.read_text()) if results.is_file() else []
+    rows: list[dict] = []
     for seed in args.seeds:
-        job = chain(root, seed, args.overrides)
+        job = chain_through_train(root, chain_root, seed, args.overrides)
         train_unit = unit_dir(job, "train")
         trained = Manifest.load(train_unit)
         metrics, train_cfg = trained.extra, trained.config["train"]
-        extract_fp = Manifest.load(trained.inputs["extract"]["path"]).fingerprint
+        extracted = Manifest.load(trained.inputs["extract"]["path"])
+        extract_fp = extracted.fingerprint
         data = root / "speculators" / f"data-{extract_fp}"  # seeds that change data.seed get their own
         info = write_speculators_data(train_unit, target, data)
         spec = train_speculators(root, data, info, train_cfg, seed, args.speculators_python)
@@ -307,40 +333,53 @@ def main() -> None:
         agreement = check_conversion(Path(spec["checkpoint"]), export, data, int(train_cfg["ttt_steps"]),
                                      args.speculators_python, root)
         ours_export = train_unit / "draft" / "vllm"
-        row = {"seed": seed, "conversion_agreement": round(agreement, 4),
-               "ours": {"train_tokens_per_s": metrics["train_tokens_per_s"], "fit_wall_s": metrics["fit_wall_s"]},
-               "speculators": {"train_tokens_per_s": spec["train_tokens_per_s"], "wall_s": spec["wall_s"]}}
+        row = {"seed": seed, "epochs": int(train_cfg["max_epochs"]), "conversion_agreement": round(agreement, 4),
+               "ours": {"train_tokens_per_s": metrics["train_tokens_per_s"], "fit_wall_s": metrics["fit_wall_s"],
+                        "extract_tokens_per_s": extracted.extra.get("extract_tokens_per_s")},
+               "speculators": {"train_tokens_per_s": spec["train_tokens_per_s"], "wall_s": spec["wall_s"],
+                               "forward_wall_s": info.get("forward_wall_s"), "forward_tokens": info.get("tokens")}}
         for who, path in (("ours", ours_export), ("speculators", export)):
-            row[who]["in_process"] = in_process(path, train_unit, target, args.ks, 16, 128, train_cfg)
+            row[who]["in_process"] = in_process(path, train_unit, target, args.ks, args.in_process_prompts, 128,
+                                                train_cfg)
             if not args.skip_vllm:
-                row[who]["vllm"] = {str(k): vllm_bench(root, seed, args.overrides, path, k, args.vllm_python, who)
-                                    for k in args.ks}
+                row[who]["vllm"] = {str(k): vllm_bench(root, chain_root, seed, args.overrides, path, k,
+                                                       args.vllm_python) for k in args.ks}
         rows.append(row)
-        (root / "side_by_side.json").write_text(json.dumps(rows, indent=1))
-    write_table(root, rows, args.ks, not args.skip_vllm)
+        kept = [r for r in earlier if (r["seed"], r.get("epochs")) not in {(x["seed"], x["epochs"]) for x in rows}]
+        results.write_text(json.dumps(kept + rows, indent=1))
+    write_table(root, json.loads(results.read_text()), args.ks, not args.skip_vllm)
 
 
 def write_table(root: Path, rows: list[dict], ks: list[int], with_vllm: bool) -> None:
-    lines = ["| seed | draft | train tok/s | sim τ | in-process τ " + " ".join(f"K={k} |" for k in ks)
-             + (" vLLM τ " + " ".join(f"K={k} |" for k in ks) + " vLLM per position (K=3) |" if with_vllm else "")]
-    lines.append("|" + "---|" * (4 + len(ks) + (len(ks) + 1 if with_vllm else 0)))
+    real_ks = [k for k in ks if all(str(k) in row[w]["in_process"]["real"] for row in rows for w in ("ours", "speculators"))]
+    header = ["seed", "epochs", "draft", "train tok/s", "sim τ", *[f"in-process τ K={k}" for k in real_ks]]
+    if with_vllm:
+        header += [*[f"vLLM τ K={k}" for k in ks], *[f"vLLM per position K={k}" for k in ks]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     ratios: dict[str, list[float]] = {}
     for row in rows:
         for who in ("ours", "speculators"):
             r = row[who]
-            cells = [str(row["seed"]), who, f"{r['train_tokens_per_s']:.0f}", f"{r['in_process']['sim_accept_len']:.3f}"]
-            cells += [f"{r['in_process']['real'][str(k)]['accept_length']:.3f}" for k in ks]
+            cells = [str(row["seed"]), str(row.get("epochs", "")), who, f"{r['train_tokens_per_s']:.0f}",
+                     f"{r['in_process']['sim_accept_len']:.3f}"]
+            cells += [f"{r['in_process']['real'][str(k)]['accept_length']:.3f}" for k in real_ks]
             if with_vllm:
                 cells += [f"{r['vllm'][str(k)]['accept_length']:.3f}" for k in ks]
-                per = r["vllm"].get("3", {}).get("per_position") or []
-                cells.append(", ".join(f"{p:.2f}" for p in per))
+                cells += [", ".join(f"{p:.2f}" for p in (r["vllm"][str(k)].get("per_position") or [])) for k in ks]
             lines.append("| " + " | ".join(cells) + " |")
-        for k in ks:
-            src = "vllm" if with_vllm else "in_process"
-            get = (lambda w: row[w]["vllm"][str(k)]["accept_length"]) if with_vllm else \
-                (lambda w: row[w]["in_process"]["real"][str(k)]["accept_length"])
-            ratios.setdefault(f"{src} K={k}", []).append(get("ours") / get("speculators"))
-        ratios.setdefault("train tok/s", []).append(row["ours"]["train_tokens_per_s"] / row["speculators"]["train_tokens_per_s"])
+        group = f"epochs {row.get('epochs', '?')}"
+        judged = [("vllm", k) for k in ks] if with_vllm else []
+        judged += [("in_process", k) for k in real_ks]
+        for src, k in judged:
+            def accept(who: str) -> float:
+                r = row[who]
+                return r["vllm"][str(k)]["accept_length"] if src == "vllm" else r["in_process"]["real"][str(k)]["accept_length"]
+
+            ratios.setdefault(f"{group}, {src} τ K={k}", []).append(accept("ours") / accept("speculators"))
+        ratios.setdefault(f"{group}, sim τ", []).append(
+            row["ours"]["in_process"]["sim_accept_len"] / row["speculators"]["in_process"]["sim_accept_len"])
+        ratios.setdefault(f"{group}, train tok/s", []).append(
+            row["ours"]["train_tokens_per_s"] / row["speculators"]["train_tokens_per_s"])
     lines.append("")
     for name, values in ratios.items():
         spread = f" (min {min(values):.3f}, max {max(values):.3f})" if len(values) > 1 else ""
