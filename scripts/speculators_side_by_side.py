@@ -27,6 +27,7 @@ Rerunning reuses finished steps (the chain's units, speculators' checkpoints, be
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from eagle3.artifacts import Manifest  # noqa: E402
+from eagle3.config.schema import TrainConfig  # noqa: E402
 
 RUN_PY = REPO / "scripts" / "run.py"
 CHECK_SNIPPET = r"""
@@ -323,7 +325,9 @@ def main() -> None:
         job = chain_through_train(root, chain_root, seed, args.overrides)
         train_unit = unit_dir(job, "train")
         trained = Manifest.load(train_unit)
-        metrics, train_cfg = trained.extra, trained.config["train"]
+        # The manifest keeps the keys that change the draft; the schema's defaults fill the rest
+        # (memory and logging knobs the in-process judge also reads).
+        metrics, train_cfg = trained.extra, {**dataclasses.asdict(TrainConfig()), **trained.config["train"]}
         extracted = Manifest.load(trained.inputs["extract"]["path"])
         extract_fp = extracted.fingerprint
         data = root / "speculators" / f"data-{extract_fp}"  # seeds that change data.seed get their own

@@ -250,7 +250,7 @@ def test_recomputing_logits_past_the_memory_budget_gives_the_same_gradients():
 def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_mass, monkeypatch):
     """The fused KL's value and logit gradient against autograd of the textbook formula, for a
     renormalised teacher (rows sum to 1) and a full-vocab one (rows sum to the in-vocab mass)."""
-    from eagle3.draft.ttt import _SoftTargetKL
+    from eagle3.draft.ttt import _SoftTargetLoss
 
     torch.manual_seed(3)
     monkeypatch.setattr("eagle3.draft.ttt.KL_CHUNK_ROWS", 4)  # rows in two chunks, the second short
@@ -259,7 +259,7 @@ def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_m
     rows = torch.tensor([0, 2, 3, 1, 2, 0])
     weight = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     neg_entropy = torch.xlogy(probs, probs).sum(-1)
-    fused, pred = _SoftTargetKL.apply(logits, probs, rows, neg_entropy, weight)
+    fused, pred = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight)
     assert pred.tolist() == logits.argmax(-1).tolist()
     (g_fused,) = torch.autograd.grad(fused, logits)
     p = probs[rows]
@@ -267,7 +267,79 @@ def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_m
     (g_ref,) = torch.autograd.grad(ref, logits)
     assert fused.item() == pytest.approx(ref.item(), abs=1e-12)
     assert torch.allclose(g_fused, g_ref, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda z: _SoftTargetKL.apply(z, probs, rows, neg_entropy, weight)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda z: _SoftTargetLoss.apply(z, probs, rows, neg_entropy, weight)[0], (logits,))
+
+
+def _naive_loss(kind: str, p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Per-row distance between teacher rows p and softmax(logits), written out as in a textbook."""
+    q = torch.softmax(logits, -1)
+    if kind == "tv":
+        return 0.5 * (p - q).abs().sum(-1)
+    m = 0.5 * (p + q)
+
+    def kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # sum a log(a / b), 0 log 0 = 0
+        return (torch.xlogy(a, a) - torch.xlogy(a, b)).sum(-1)
+
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+@pytest.mark.parametrize("kind", ["tv", "jsd"])
+@pytest.mark.parametrize("in_vocab_mass", [1.0, 0.7])
+def test_tv_and_jsd_losses_match_their_textbook_formulas(kind, in_vocab_mass, monkeypatch):
+    """train.loss=tv|jsd: the fused value and its closed-form logit gradient against autograd of
+    the plain formulas, chunked, with a zero-weight row and a teacher row holding exact zeros."""
+    from eagle3.draft.ttt import _SoftTargetLoss
+
+    torch.manual_seed(4)
+    monkeypatch.setattr("eagle3.draft.ttt.KL_CHUNK_ROWS", 4)
+    logits = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    probs = torch.softmax(torch.randn(4, 9, dtype=torch.float64), -1) * in_vocab_mass
+    probs[1, :3] = 0.0  # a teacher with exact zeros (xlogy's 0 log 0)
+    rows = torch.tensor([0, 2, 3, 1, 2, 1])
+    weight = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    neg_entropy = torch.xlogy(probs, probs).sum(-1)
+    fused, pred = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, kind)
+    assert pred.tolist() == logits.argmax(-1).tolist()
+    (g_fused,) = torch.autograd.grad(fused, logits)
+    ref = (_naive_loss(kind, probs[rows], logits) * weight).sum()
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    assert fused.item() == pytest.approx(ref.item(), abs=1e-12)
+    assert torch.allclose(g_fused, g_ref, atol=1e-10)
+    assert fused.item() > 0
+
+
+def test_every_loss_trains_the_draft_toward_the_teacher():
+    """A few optimizer steps under each train.loss lower that loss on the same batch."""
+    for kind in ("kl", "tv", "jsd"):
+        draft, head = tiny_draft(14)
+        batch = _padded_batch(10)
+        teacher = teacher_targets(batch[4], head, draft.draft_ids())
+        opt = torch.optim.Adam(draft.parameters(), lr=3e-3)
+        first = None
+        for _ in range(8):
+            out = ttt_forward(draft, *batch[:4], teacher, steps=3, decay=0.8, out_of_vocab="mask", block_size=4,
+                              loss=kind)
+            first = out.loss.item() if first is None else first
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+        assert out.loss.item() < first, kind
+    with pytest.raises(ValueError, match="train.loss='mse'; valid: kl, tv, jsd"):
+        ttt_forward(draft, *batch[:4], teacher, steps=1, decay=0.8, out_of_vocab="mask", block_size=4, loss="mse")
+
+
+def test_state_noise_scales_with_each_captured_layer():
+    """train.state_noise: per captured layer, noise std = scale x that layer's per-token RMS, so a
+    small early layer is not drowned by a late layer's scale; 0 leaves the states untouched."""
+    from eagle3.draft.ttt import add_state_noise
+
+    torch.manual_seed(5)
+    small, large = torch.randn(4, 500, 64) * 0.01, torch.randn(4, 500, 64) * 100.0
+    aux = torch.cat([small, large], dim=-1)  # [B, T, C*H] with C = 2
+    assert add_state_noise(aux, 2, 0.0) is aux
+    noise = (add_state_noise(aux, 2, 0.1) - aux).unflatten(-1, (2, -1))
+    assert noise[..., 0, :].std().item() == pytest.approx(0.001, rel=0.05)
+    assert noise[..., 1, :].std().item() == pytest.approx(10.0, rel=0.05)
 
 
 def test_bf16_autocast_step_stays_close_to_float32():

@@ -318,6 +318,10 @@ class TrainConfig:
     out_of_vocab: str = "mask"  # mask | keep
     # Teacher distribution: draft_vocab (renormalised) | full_vocab (eagle3.draft.options.TEACHERS).
     teacher: str = "draft_vocab"
+    loss: str = "kl"  # kl | tv | jsd (eagle3.draft.options.LOSSES)
+    # Gaussian noise on the captured states while training, std = this x each captured layer's
+    # per-token RMS (0 = none): the draft reads its own drifting features at serving time.
+    state_noise: float = 0.0
     max_epochs: int = 1
     max_steps: int = -1
     batch_tokens: int = 8192

@@ -33,6 +33,7 @@ from eagle3.demo.datasets import GENERATORS
 from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import (
     HIDDEN_STATE_MODES,
+    LOSSES,
     LR_SCHEDULES,
     OUT_OF_VOCAB_POLICIES,
     PRECISIONS,
@@ -219,6 +220,9 @@ def _check_stages(cfg: DictConfig, err: ConfigErrors) -> None:
         err.add("train.ttt_decay", tr.ttt_decay, "weights decay^k must shrink or stay", "(0, 1]")
     err.choice("train.out_of_vocab", tr.out_of_vocab, OUT_OF_VOCAB_POLICIES)
     err.choice("train.teacher", tr.teacher, TEACHERS)
+    err.choice("train.loss", tr.loss, LOSSES)
+    if not 0 <= tr.state_noise < 10:
+        err.add("train.state_noise", tr.state_noise, "noise std as a multiple of the states' RMS", "[0, 10)")
     err.choice("train.lr_schedule", tr.lr_schedule, LR_SCHEDULES)
     if not 0 <= tr.min_lr_ratio <= 1:
         err.add("train.min_lr_ratio", tr.min_lr_ratio, "the final LR as a fraction of train.optimizer.lr", "[0, 1]")

@@ -18,7 +18,7 @@ from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
-from eagle3.draft.ttt import teacher_positions, teacher_targets, ttt_forward
+from eagle3.draft.ttt import add_state_noise, teacher_positions, teacher_targets, ttt_forward
 
 
 def lr_multiplier(step: int, total: int, warmup: int, floor: float = 0.1, schedule: str = "cosine") -> float:
@@ -57,15 +57,17 @@ class DraftModule(L.LightningModule):
         self.last_eval: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ forward
-    def run_batch(self, batch: dict[str, torch.Tensor]):
+    def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0):
         needed = teacher_positions(batch["loss_mask"], batch["lengths"])
+        aux = add_state_noise(batch["aux"], len(self.draft.geometry.capture_layers), state_noise)
         teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
                                   renormalise=self.cfg["teacher"] == TEACHER_DRAFT_VOCAB, needed=needed)
-        return ttt_forward(self.draft, batch["aux"], batch["input_ids"], batch["loss_mask"], batch["lengths"],
+        return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
                            out_of_vocab=str(self.cfg["out_of_vocab"]),
                            block_size=int(self.cfg["attention_block"]),
-                           logits_budget_bytes=float(self.cfg["logits_memory_gb"]) * 2**30)
+                           logits_budget_bytes=float(self.cfg["logits_memory_gb"]) * 2**30,
+                           loss=str(self.cfg["loss"]))
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}
@@ -79,7 +81,7 @@ class DraftModule(L.LightningModule):
         return metrics
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.run_batch(batch)
+        out = self.run_batch(batch, state_noise=float(self.cfg["state_noise"]))  # eval reads clean states
         tokens = batch["lengths"].sum()
         self.log_dict(self._step_metrics(out, "train"), on_step=True, on_epoch=False, prog_bar=False,
                       batch_size=int(tokens))

@@ -13,6 +13,12 @@ OUT_OF_VOCAB_POLICIES = (OOV_MASK, OOV_KEEP)
 #: positions whose mass lies mostly outside the draft vocab weigh less).
 TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB = "draft_vocab", "full_vocab"
 TEACHERS = (TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB)
+#: `train.loss`, the distance each TTT step's draft distribution q is trained to close to the
+#: teacher's p: kl = KL(p || q) (EAGLE-3's; the fused default), tv = total variation
+#: 1/2 sum |p - q| (what acceptance of a sampled draft token loses: 1 - sum min(p, q)), jsd =
+#: Jensen-Shannon, 1/2 KL(p || m) + 1/2 KL(q || m) with m = (p + q) / 2 (bounded, symmetric).
+LOSS_KL, LOSS_TV, LOSS_JSD = "kl", "tv", "jsd"
+LOSSES = (LOSS_KL, LOSS_TV, LOSS_JSD)
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
 LR_SCHEDULES = ("cosine", "linear")
 #: `train.hidden_states`: read from the store stage extract filled, or computed per batch while training.

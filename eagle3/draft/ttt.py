@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import ttt_attention
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.options import OOV_MASK, OUT_OF_VOCAB_POLICIES
+from eagle3.draft.options import LOSS_KL, LOSS_TV, LOSSES, OOV_MASK, OUT_OF_VOCAB_POLICIES
 
 
 @dataclass
@@ -114,13 +114,27 @@ def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Te
     return Teacher(probs=rows, argmax=dense_argmax.view(bsz, seq), row_of=row_of.view(bsz, seq))
 
 
+def add_state_noise(aux: torch.Tensor, captures: int, scale: float) -> torch.Tensor:
+    """`aux` `[B, T, C*H]` plus Gaussian noise of std `scale` x each captured layer's per-token RMS.
+
+    Per layer, because captured layers differ in scale by orders of magnitude (an early layer's
+    residual is small, a late one's large): one std for the concatenation would drown the first.
+    """
+    if scale <= 0:
+        return aux
+    layers = aux.unflatten(-1, (captures, -1))  # [B, T, C, H]
+    rms = layers.float().pow(2).mean(-1, keepdim=True).sqrt()  # [B, T, C, 1]
+    noisy = layers + (torch.randn(layers.shape, device=aux.device) * rms * scale).to(aux.dtype)
+    return noisy.flatten(-2)
+
+
 @dataclass
 class TTTOutput:
     """Loss and per-step statistics of one batch.
 
     Attributes:
-        loss: Weighted sum over steps of the mean KL per loss token (what is optimised).
-        step_loss: `[K]` mean KL per step (detached).
+        loss: Weighted sum over steps of the mean loss (`train.loss`, KL by default) per loss token (what is optimised).
+        step_loss: `[K]` mean loss per step (detached).
         correct: `[K]` counted predictions whose argmax equals the target's.
         counted: `[K]` predictions that count (loss-masked, inside the sample).
         loss_tokens: `[K]` predictions in the loss (counted, minus out-of-vocab ones under "mask").
@@ -139,21 +153,24 @@ class TTTOutput:
 KL_CHUNK_ROWS = 64
 
 
-class _SoftTargetKL(torch.autograd.Function):
-    """sum_i w_i KL(p_i || softmax(z_i)) over draft logits z `[N, Vd]`, and the argmax of each row.
+class _SoftTargetLoss(torch.autograd.Function):
+    """sum_i w_i D(p_i, softmax(z_i)) over draft logits z `[N, Vd]`, and the argmax of each row.
 
-    The loss is a sum, so its gradient is known in forward: w_i (s_i softmax(z_i) - p_i), with
-    s_i = sum p_i (1 for the renormalised teacher). Forward writes it chunk by chunk in the logits'
-    dtype (what backward would return anyway) and backward only scales it: no `[N, Vd]` float32
-    log-probs are kept, the teacher rows are gathered once, and each element is read in one
-    cache-resident pass instead of ~10 passes through memory (the draft head at a 32K vocab made
-    these elementwise passes cost more than its matmul on a CPU). With no gradient wanted
-    (eval) the gradient is not formed.
+    D is KL(p || q) by default (`train.loss`, eagle3.draft.options.LOSSES). The loss is a sum, so
+    its gradient is known in forward. For KL it is w_i (s_i softmax(z_i) - p_i), with s_i = sum
+    p_i (1 for the renormalised teacher); for the others, with g = dD/dq, it is
+    w_i q_i (g_i - <q_i, g_i>). Forward writes it chunk by chunk in the logits' dtype (what
+    backward would return anyway) and backward only scales it: no `[N, Vd]` float32 log-probs are
+    kept, the teacher rows are gathered once, and each element is read in one cache-resident pass
+    instead of ~10 passes through memory (the draft head at a 32K vocab made these elementwise
+    passes cost more than its matmul on a CPU). With no gradient wanted (eval) the gradient is not
+    formed.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,  # type: ignore[override]
-                neg_entropy: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str = LOSS_KL
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         want_grad = ctx.needs_input_grad[0]
         work_dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: softmax in fp32
         grad = torch.empty_like(logits) if want_grad else None
@@ -165,15 +182,28 @@ class _SoftTargetKL(torch.autograd.Function):
             top, pred[part] = z.max(dim=-1)
             z.sub_(top.unsqueeze(-1))  # z - max
             p = probs[rows[part]]  # [n, Vd]
-            q = torch.exp(z)
-            log_norm = q.sum(-1).log()  # log sum exp(z - max)
-            mass = p.sum(-1)
-            cross = (p * z).sum(-1) - mass * log_norm  # sum p log softmax(z)
             w = weight[part]
-            total += ((neg_entropy[rows[part]] - cross) * w).sum()
+            q = torch.exp(z)
+            if loss == LOSS_KL:
+                log_norm = q.sum(-1).log()  # log sum exp(z - max)
+                mass = p.sum(-1)
+                cross = (p * z).sum(-1) - mass * log_norm  # sum p log softmax(z)
+                total += ((neg_entropy[rows[part]] - cross) * w).sum()
+                if grad is not None:
+                    q.mul_((mass / log_norm.exp()).unsqueeze(-1)).sub_(p).mul_(w.unsqueeze(-1))
+                    grad[part] = q
+                continue
+            q.div_(q.sum(-1, keepdim=True))  # softmax(z)  [n, Vd]
+            if loss == LOSS_TV:
+                row_loss = 0.5 * (q - p).abs().sum(-1)
+                q_g = 0.5 * q * torch.sign(q - p)  # q * dD/dq
+            else:  # LOSS_JSD; dD/dq = 1/2 log(q / m)
+                m = 0.5 * (p + q)
+                q_g = 0.5 * (torch.xlogy(q, q) - torch.xlogy(q, m))
+                row_loss = 0.5 * (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1) + q_g.sum(-1)
+            total += (row_loss * w).sum()
             if grad is not None:
-                q.mul_((mass / log_norm.exp()).unsqueeze(-1)).sub_(p).mul_(w.unsqueeze(-1))
-                grad[part] = q
+                grad[part] = (q_g - q * q_g.sum(-1, keepdim=True)) * w.unsqueeze(-1)
         ctx.mark_non_differentiable(pred)
         if grad is not None:
             ctx.save_for_backward(grad)
@@ -182,19 +212,19 @@ class _SoftTargetKL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total: torch.Tensor, grad_pred: torch.Tensor):  # type: ignore[override]
         (grad,) = ctx.saved_tensors
-        return grad * grad_total.to(grad.dtype), None, None, None, None
+        return grad * grad_total.to(grad.dtype), None, None, None, None, None
 
 
-def _kl_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-              neg_entropy: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted KL sum and argmax of the counted rows: states `[N, H]`, teacher `rows` / weight `[N]`."""
+def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
+                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted loss sum and argmax of the counted rows: states `[N, H]`, teacher `rows` / weight `[N]`."""
     logits = draft.logits(state)  # [N, Vd]
-    return _SoftTargetKL.apply(logits, probs, rows, neg_entropy, weight)
+    return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss)
 
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
-                block_size: int, logits_budget_bytes: float = float("inf")) -> TTTOutput:
+                block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
@@ -210,6 +240,8 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     """
     if out_of_vocab not in OUT_OF_VOCAB_POLICIES:
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
+    if loss not in LOSSES:
+        raise ValueError(f"train.loss={loss!r}; valid: {', '.join(LOSSES)}")
     bsz, seq = input_ids.shape
     device = input_ids.device
     pos = torch.arange(seq, device=device)
@@ -245,15 +277,15 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target = teacher.argmax[b_idx, t_idx + shift]  # [N]
         rows = teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
-        args = (draft, state[b_idx, t_idx], teacher.probs, rows, teacher.neg_entropy, weight.float())
+        args = (draft, state[b_idx, t_idx], teacher.probs, rows, teacher.neg_entropy, weight.float(), loss)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
-            kl_sum, pred = checkpoint(_kl_terms, *args, use_reentrant=False)
+            loss_sum, pred = checkpoint(_loss_terms, *args, use_reentrant=False)
         else:
-            kl_sum, pred = _kl_terms(*args)
+            loss_sum, pred = _loss_terms(*args)
             kept_bytes += step_bytes if grad else 0
         n_loss = weight.sum()
-        loss_k = kl_sum / n_loss.clamp(min=1)
+        loss_k = loss_sum / n_loss.clamp(min=1)
         losses.append(loss_k * decay ** k)
         step_loss.append(loss_k.detach())
         correct.append((pred == target).sum())
