@@ -2,10 +2,13 @@
 """One row per candidate change to draft training, each over several seeds, on the same chain.
 
     python scripts/draft_ablation.py --root /tmp/ablation --seeds 0 1 [--rows baseline muon ...] [-- OVERRIDES]
+    python scripts/draft_ablation.py --root /tmp/abl --base defaults --chain-root /tmp/smol \
+        --rows baseline loss_tv loss_jsd -- experiment=smollm2 data.scale=400 train.max_epochs=1 data.seed=0
 
 Every row is `stage=train` of the same chain (data, extraction and vocab are reused: only the
-draft is trained again) with the row's overrides on top of BASE (the recipe before the ablation)
-and OVERRIDES, once per seed. The figures
+draft is trained again) with the row's overrides on top of the base recipe (`--base issue14`:
+BASE, the recipe before issue 14's ablation; `--base defaults`: today's defaults) and OVERRIDES,
+once per seed. `--chain-root` points at an existing chain's paths.root (default ROOT/chain). The figures
 are the train stage's pooled eval over the eval split: per-step top-1 agreement with the target
 and the simulated accept length it implies at K = 3 and 5 (`1 + sum_k prod_{j<=k} acc_j`), the
 mean over seeds with the spread (max - min), and the ratio to the baseline row.
@@ -37,7 +40,7 @@ SPECULATORS_LAYER = ["model.draft.norm_before_residual=true", "model.draft.norm_
                      "model.draft.norm_output=true"]
 #: name -> (what it tests, overrides)
 ROWS = {
-    "baseline": ("AdamW, plain layer, 1,024 tokens per step", []),
+    "baseline": ("the base recipe (--base)", []),
     "norm_before_residual": ("residual after hidden_norm", ["model.draft.norm_before_residual=true"]),
     "norm_before_fc": ("one norm over the captured states before fc", ["model.draft.norm_before_fc=true"]),
     "fc_norm": ("one norm per captured state before fc", ["model.draft.fc_norm=true"]),
@@ -55,6 +58,9 @@ ROWS = {
     "batch_2048": ("twice the tokens per step: half the steps", ["train.batch_tokens=2048"]),
     "oov_keep": ("out-of-vocab argmax positions kept in the loss", ["train.out_of_vocab=keep"]),
     "teacher_full_vocab": ("teacher not renormalised over the draft vocab", ["train.teacher=full_vocab"]),
+    "loss_tv": ("total variation instead of KL", ["train.loss=tv"]),
+    "loss_jsd": ("Jensen-Shannon instead of KL", ["train.loss=jsd"]),
+    "noise_0.1": ("noise on the captured states, 0.1 x their RMS", ["train.state_noise=0.1"]),
     # Combinations of the single-change winners.
     "nbr_muon": ("norm_before_residual + muon", ["model.draft.norm_before_residual=true", MUON]),
     "nbr_nbfc_muon": ("norm_before_residual + norm_before_fc + muon",
@@ -65,14 +71,14 @@ ROWS = {
 }
 
 
-def train_row(root: Path, name: str, overrides: list[str], seed: int) -> dict:
+def train_row(root: Path, chain_root: Path, name: str, overrides: list[str], seed: int) -> dict:
     run_dir = root / "runs" / f"{name}_s{seed}"
     job_file = run_dir / "job.json"
     if not job_file.is_file() or json.loads(job_file.read_text()).get("status") != "complete":
         (root / "logs").mkdir(parents=True, exist_ok=True)
         with open(root / "logs" / f"{name}_s{seed}.log", "w") as fh:
             done = subprocess.run([sys.executable, str(RUN_PY), "stage=train", f"seed={seed}",
-                                   f"paths.root={root / 'chain'}", f"hydra.run.dir={run_dir}", *overrides],
+                                   f"paths.root={chain_root}", f"hydra.run.dir={run_dir}", *overrides],
                                   stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
         if done.returncode != 0:
             sys.exit(f"{name} seed {seed}: exit {done.returncode}; see {root / 'logs' / f'{name}_s{seed}.log'}")
@@ -90,16 +96,22 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW")
+    parser.add_argument("--base", choices=["issue14", "defaults"], default="issue14",
+                        help="the recipe the rows change: issue 14's BASE or today's defaults")
+    parser.add_argument("--chain-root", type=Path, default=None, help="the chain's paths.root (default ROOT/chain)")
     parser.add_argument("overrides", nargs="*", help="overrides of every row (after --)")
     args = parser.parse_args()
     root = args.root.resolve()
+    chain_root = (args.chain_root or root / "chain").resolve()
+    base = BASE if args.base == "issue14" else []
     rows = ["baseline", *[r for r in args.rows if r != "baseline"]]
     results = {}
     for name in rows:
-        results[name] = [train_row(root, name, [*BASE, *args.overrides, *ROWS[name][1]], s) for s in args.seeds]
+        results[name] = [train_row(root, chain_root, name, [*base, *args.overrides, *ROWS[name][1]], s)
+                         for s in args.seeds]
         (root / "ablation.json").write_text(json.dumps(results, indent=1))
         print(name, [round(r["sim_k3"], 3) for r in results[name]], flush=True)
-    base = statistics.mean(r["sim_k3"] for r in results["baseline"])
+    baseline = statistics.mean(r["sim_k3"] for r in results["baseline"])
     lines = ["| row | what | acc@1 | acc@2 | acc@3 | acc@5 | sim τ K=3 (spread) | sim τ K=5 | vs baseline K=3 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name in rows:
@@ -110,7 +122,7 @@ def main() -> None:
         k5 = statistics.mean(r["sim_k5"] for r in rs)
         lines.append(f"| {name} | {ROWS[name][0]} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {acc[4]:.3f} | "
                      f"{statistics.mean(k3):.3f} ({max(k3) - min(k3):.3f}) | {k5:.3f} | "
-                     f"{statistics.mean(k3) / base:.3f}x |")
+                     f"{statistics.mean(k3) / baseline:.3f}x |")
     (root / "ablation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
