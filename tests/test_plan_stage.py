@@ -57,9 +57,10 @@ def test_kimi_plan_prints_every_stage_and_the_store_in_bf16_and_fp8(kimi):
     assert re.search(r"^demo_data\s+\(no units", out, re.M)  # plan_v4 has no generated source
     assert "missing" in _row(out, "prep", "sharegpt") and "after prep" in out
 
-    # From first principles (DESIGN.md, hidden-state store): per token the 3 captured layers and
-    # the final state, H = 7168 values each, plus the int32 token id; fp8 stores 1 byte per value
-    # and one float32 scale per H-wide block. Plus a fixed 1 KiB per sample (shard header + index).
+    # From first principles (docs/design.md, 'Data formats', hidden-state store): per token the 3
+    # captured layers and the final state, H = 7168 values each, plus the int32 token id; fp8 stores
+    # 1 byte per value and one float32 scale per H-wide block. Plus a fixed 1 KiB per sample (shard
+    # header + index).
     hidden, blocks, id_bytes, per_sample_overhead = 7168, 3 + 1, 4, 1024
     samples = 100_000 + 1_000  # data.scale + data.eval_size of plan_v4_100k
     tokens = samples * 1600  # extract.assumed_tokens_per_sample

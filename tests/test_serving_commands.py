@@ -3,7 +3,7 @@
 The SGLang lines are pinned for Kimi-K2.5 with an EAGLE-3 draft written by `export_draft` (a
 tiny draft whose geometry says "Kimi": 61 target layers, captures [2, 30, 58], 163840-token
 vocab, fc over 3 x 7168). SGLang cannot be installed on CPU machines, so these lines are what
-its path is tested by (FACTS.md).
+its path is tested by (docs/design.md, 'Facts: SGLang').
 """
 
 from __future__ import annotations

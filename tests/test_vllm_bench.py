@@ -83,7 +83,8 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
     assert manifest.counts["out"] == len(records) >= 50, manifest.counts  # nothing lost to a protocol problem
     assistants = []
     for record in records:
-        # Canonical (DESIGN.md §3): a full conversation now (the record keeps its source's track).
+        # Canonical (docs/design.md, 'Data formats'): a full conversation now (the record keeps its
+        # source's track).
         assert check_conversation(record["messages"]) is None, record["id"]
         assert record["track"] == "prompt_only" and record["meta"]["generation"]["thinking"] is True
         for message in record["messages"]:

@@ -1,4 +1,4 @@
-"""Stage-contract machinery shared by every stage (DESIGN.md §3).
+"""Stage-contract machinery shared by every stage (docs/design.md, 'Stage contract').
 
 Atomic writes, content fingerprints, manifests with reconciled counts, resumable record
 files and the stage output directory that ties them together. Importing this package is

@@ -2,7 +2,7 @@
 
 The fingerprint covers everything that affects an output -- stage, unit name, the plain config
 slice, the fingerprints of its inputs and the on-disk format version -- so different configs
-never overwrite each other and identical work is found and reused (DESIGN.md §3).
+never overwrite each other and identical work is found and reused (docs/design.md, 'Stage contract').
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The output directory of one stage run for one named unit, and its lifecycle.
 
-``StageOutput.open`` turns the contract of DESIGN.md §3 into one call: the directory name
-carries a fingerprint of everything that affects the output (so configs never overwrite
+``StageOutput.open`` turns the contract of docs/design.md ('Stage contract') into one call: the
+directory name carries a fingerprint of everything that affects the output (so configs never overwrite
 each other and identical work is found and skipped), a ``running`` manifest marks work in
 progress (so a crash is visible), writers resume by id, and ``finalize`` checksums the
 files, reconciles the counts and flips the manifest to ``complete`` atomically (or ``stop``, for

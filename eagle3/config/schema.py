@@ -161,8 +161,9 @@ class GeneratePartitionConfig:
     """Requests whose estimated prompt fits `max_context` tokens share `concurrency` slots.
 
     A request goes to the first partition (smallest `max_context`) it fits; null = no limit.
-    Long prompts hold more KV cache, so they run at a lower concurrency (FACTS.md: the plan
-    regenerated <= 10K-token prompts at concurrency 150-200, longer ones in their own partition).
+    Long prompts hold more KV cache, so they run at a lower concurrency (docs/design.md, 'Facts:
+    published numbers': the plan regenerated <= 10K-token prompts at concurrency 150-200, longer
+    ones in their own partition).
     """
 
     max_context: Optional[int] = None

@@ -2,11 +2,11 @@
 
 Each rule appends one line `key: bad value -- why; valid: ...` (`eagle3.config.checks`) so a
 user sees every mistake in one run. The rules encode the failures that cost real projects weeks
-(FACTS.md): an EAGLE server flag with an EAGLE-3 draft, capture ids off by one or out of range,
-an fc layer whose input width does not match the captured states, kernels that do not exist on
-sm120. The server rules live with the servers (`eagle3.serving.rules`), a stage's own rules are
-registered with it (`eagle3.stages`), and every list of valid choices is imported from the
-torch-free module that acts on it, so a new choice is added in one place.
+(docs/design.md, 'Facts the code relies on'): an EAGLE server flag with an EAGLE-3 draft, capture
+ids off by one or out of range, an fc layer whose input width does not match the captured states,
+kernels that do not exist on sm120. The server rules live with the servers (`eagle3.serving.rules`),
+a stage's own rules are registered with it (`eagle3.stages`), and every list of valid choices is
+imported from the torch-free module that acts on it, so a new choice is added in one place.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The canonical conversation (DESIGN.md §3) and the checks every data stage shares.
+"""The canonical conversation (docs/design.md, 'Data formats') and the checks every data stage shares.
 
 A canonical record is ``{"id", "source", "track", "messages", "tools"?, "meta"}`` with
 OpenAI-style messages ``{"role": "system|user|assistant|tool", "content", "reasoning_content"?,
@@ -25,7 +25,7 @@ from eagle3.chat_formats.kimi import kimi_call_id
 ROLES = ("system", "user", "assistant", "tool")
 TRACK_PROMPT_ONLY = "prompt_only"
 TRACK_TARGET_NATIVE = "target_native"
-#: `dataset.sources.<name>.track` (DESIGN.md §1, two tracks).
+#: `dataset.sources.<name>.track` (docs/design.md, 'Two tracks').
 TRACKS = (TRACK_TARGET_NATIVE, TRACK_PROMPT_ONLY)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

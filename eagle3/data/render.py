@@ -229,7 +229,7 @@ def _emitted_by_the_target(conv: dict) -> Callable[[Any], bool]:
 
 
 def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) -> dict[str, Any]:
-    """One canonical conversation -> one ``tokenized_data.jsonl`` record (DESIGN.md §3).
+    """One canonical conversation -> one ``tokenized_data.jsonl`` record (docs/design.md, 'Data formats').
 
     ``n_prompt_tokens`` counts every mask-0 token (context the draft conditions on) and
     ``n_response_tokens`` every mask-1 token, after truncation; ``n_turns`` counts the assistant

@@ -47,7 +47,7 @@ def select_draft_tokens(counts: np.ndarray, draft_vocab: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class VocabMapping:
-    """d2t offsets and the t2d mask, as DESIGN.md section 3 defines them."""
+    """d2t offsets and the t2d mask, as docs/design.md, 'Data formats', defines them."""
 
     d2t: torch.Tensor  # int64 [draft_vocab]: target_id = i + d2t[i]
     t2d: torch.Tensor  # bool [target_vocab]

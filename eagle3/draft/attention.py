@@ -1,7 +1,7 @@
 """Attention of the draft: the training-time-test pattern in linear memory, and a KV cache.
 
-Training-time test (DESIGN.md section 4): at step k the query of position t attends to the
-step-0 keys of positions <= t (causal) and to the keys that steps 1..k produced at the same
+Training-time test (docs/design.md, 'Training-time test'): at step k the query of position t
+attends to the step-0 keys of positions <= t (causal) and to the keys that steps 1..k produced at the same
 position t. Written as one mask this is an L x (k+1)L matrix; here the causal part is computed
 one query block at a time and the diagonal part as per-position dot products, both inside one
 softmax, and every block is recomputed in backward (activation checkpointing), so neither

@@ -1,9 +1,9 @@
 """The EAGLE-3 draft network: fc fusion, one decoder layer over [embed; hidden], draft lm_head.
 
-Parameter names are the serving engines' (FACTS.md "Draft checkpoint"): `fc`, `midlayer.*`,
-`norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`, so export is a rename-free copy. The layer
-follows the engines' forward exactly, because a draft trained on a different residual
-convention loads without error and then accepts nothing:
+Parameter names are the serving engines' (docs/design.md, 'Facts: SGLang', draft checkpoint):
+`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`, so export is a rename-free
+copy. The layer follows the engines' forward exactly, because a draft trained on a different
+residual convention loads without error and then accepts nothing:
 
     hidden = fc(aux)                                                    # step 0 only
     residual = hidden

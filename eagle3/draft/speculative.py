@@ -2,8 +2,8 @@
 
 This is the real-decoding half of the eval stage (the simulated half is `acceptance.simulated_accept_length`).
 It runs on CPU with the demo target and is the strongest correctness check the draft path has
-(DESIGN.md section 4): with greedy verification the output equals the target's own greedy output
-token for token, whatever the draft proposes.
+(docs/design.md, 'Greedy speculative decoding is lossless'): with greedy verification the output
+equals the target's own greedy output token for token, whatever the draft proposes.
 
 Sequence bookkeeping (one prompt, batch 1). `seq` holds the committed tokens (prompt + output),
 `L = len(seq)`. Between rounds:

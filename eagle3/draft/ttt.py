@@ -1,7 +1,7 @@
 """Training-time test (TTT): K unrolled draft steps, each trained toward the target's distribution.
 
-Indexing (DESIGN.md section 4), for a sample of length n and step k = 0..K-1, at position t:
-the draft reads fc(aux[t]) (step 0) or its own step-(k-1) output at t, plus the embedding of
+Indexing (docs/design.md, 'Training-time test'), for a sample of length n and step k = 0..K-1, at
+position t: the draft reads fc(aux[t]) (step 0) or its own step-(k-1) output at t, plus the embedding of
 token t+1+k; it predicts token j = t+2+k against the teacher distribution at position t+1+k
 (the target's prediction of token j). The prediction counts iff j < n and loss_mask[j] = 1.
 

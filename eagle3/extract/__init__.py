@@ -1,4 +1,5 @@
-"""Hidden-state extraction (stage `extract`) and the hidden-state store (DESIGN.md §3, §4).
+"""Hidden-state extraction (stage `extract`) and the hidden-state store (docs/design.md, 'Data
+formats', 'Capture layer ids').
 
 Modules, in the order data flows through them:
 - `target`: load the target (transformers) and find its decoder layers and final norm;

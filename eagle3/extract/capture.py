@@ -2,10 +2,11 @@
 
 Capture index i is "the residual stream entering decoder layer i", which is exactly what
 transformers returns as `output_hidden_states[i]` and what SGLang calls `layers_to_capture`
-(DESIGN.md §4). A forward *pre*-hook on layer i sees that tensor as the layer's first input, so
-no layer-output bookkeeping (where off-by-one errors live) is needed. The teacher signal is the
-output of the final norm (`output_hidden_states[-1]`). `output_hidden_states=True` is not used:
-it would keep all L+1 states of a batch alive (61 x [tokens, 7168] for Kimi).
+(docs/design.md, 'Capture layer ids'). A forward *pre*-hook on layer i sees that tensor as the
+layer's first input, so no layer-output bookkeeping (where off-by-one errors live) is needed.
+The teacher signal is the output of the final norm (`output_hidden_states[-1]`).
+`output_hidden_states=True` is not used: it would keep all L+1 states of a batch alive
+(61 x [tokens, 7168] for Kimi).
 
 Batches are right-padded with an attention mask; position ids count from 0 in every row, so a
 real token sees exactly what it would see alone, and each sample is sliced to its real length

@@ -1,5 +1,5 @@
-"""Target generation behind one interface (DESIGN.md §5): in-process `hf`, or `vllm` / `sglang`
-servers through an async OpenAI-compatible client (`http_backend`).
+"""Target generation behind one interface (docs/design.md, 'Backends and servers'): in-process
+`hf`, or `vllm` / `sglang` servers through an async OpenAI-compatible client (`http_backend`).
 
 `types` is the interface (requests, results, finish reasons, errors), `factory` maps
 `server.backend` to a backend class (`make_backend`), `regenerate` is the turn-by-turn loop,

@@ -6,7 +6,7 @@ Qwen3-style templates `enable_thinking`; vLLM drops kwargs a template does not u
 
 Responses: one assistant message already split by the server's reasoning and tool-call parsers.
 Engines differ in small ways, which `to_result` irons out into the canonical assistant message
-of DESIGN.md §3: the reasoning arrives as `reasoning_content` (SGLang, older vLLM) or
+of docs/design.md, 'Data formats': the reasoning arrives as `reasoning_content` (SGLang, older vLLM) or
 `reasoning` (newer vLLM); a server started without a reasoning parser leaves `...</think>` in
 the content; tool calls carry engine-specific extras (`index`); `content` may be null.
 """

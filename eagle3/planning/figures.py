@@ -28,7 +28,7 @@ BASIS_MEANING = {
     "assumed": "rests on extract.assumed_tokens_per_sample (no tokenized data measured yet)",
     "unknown": "cannot be known before an upstream stage runs",
 }
-# d2t is int64 [draft_vocab] (offsets), t2d is bool [target_vocab] (DESIGN.md, vocab mapping).
+# d2t is int64 [draft_vocab] (offsets), t2d is bool [target_vocab] (docs/design.md, 'Data formats').
 D2T_BYTES_PER_ENTRY = 8
 T2D_BYTES_PER_ENTRY = 1
 

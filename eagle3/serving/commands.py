@@ -2,7 +2,8 @@
 
 Nothing is started here: `eagle3.serving.process.ServerProcess` runs what these functions
 return. They are pure functions of the config, except that a speculative command is only
-built for a draft directory that passed the checks an engine cannot do for us (FACTS.md):
+built for a draft directory that passed the checks an engine cannot do for us (docs/design.md,
+'Facts: SGLang', 'Facts: vLLM'):
 
 * `eagle3.draft.export.validate_export(draft, engine)`: an export written for this engine
   (its capture ids are numbered per engine), complete and untampered;

@@ -2,7 +2,7 @@
 
 The one home of each list a config value is checked against and a launcher or client switches
 on: which `server.backend` values exist, which of them are server processes, their profiles,
-speculative algorithms and health endpoints, and the sm120 facts (FACTS.md, "sm120").
+speculative algorithms and health endpoints, and the sm120 facts (docs/design.md, 'Facts: sm120').
 """
 
 from __future__ import annotations

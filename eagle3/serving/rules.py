@@ -3,9 +3,10 @@
 Checked twice: by `eagle3.config.validate` before any stage runs, and again by the launcher
 (`eagle3.serving.commands`) with the actual draft directory, so a config that bypassed the
 entrypoint still cannot bind a public address or serve an EAGLE-3 draft with EAGLE. They encode
-the failures that cost real projects weeks (FACTS.md): the EAGLE-vs-EAGLE3 flag, kernels that do
-not exist on sm120, flags in `extra_args` that would bypass these rules (the launcher's own flags
-are refused there; those of a ruled setting, `RULED_FLAGS`, are checked like the typed key).
+the failures that cost real projects weeks (docs/design.md, 'Facts: SGLang', 'Facts: sm120'): the
+EAGLE-vs-EAGLE3 flag, kernels that do not exist on sm120, flags in `extra_args` that would bypass
+these rules (the launcher's own flags are refused there; those of a ruled setting, `RULED_FLAGS`,
+are checked like the typed key).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class RegisteredStage:
         return self.load()(cfg, ctx)
 
 
-# Pipeline order (DESIGN.md section 1).
+# Pipeline order (docs/design.md, 'Pipeline').
 CHAIN: tuple[RegisteredStage, ...] = (
     RegisteredStage("demo_data", "eagle3.stages.demo_data:DEMO_DATA"),
     RegisteredStage("prep", "eagle3.stages.prep:PREP"),

@@ -1,7 +1,7 @@
 """Stage `generate`: regenerate every assistant turn of prompt-only sources through the target.
 
 EAGLE-3 learns the *target's* next-token distribution, so answers written by another model are
-replaced (DESIGN.md §1, two tracks): each prompt-only conversation from prep is replayed user
+replaced (docs/design.md, 'Two tracks'): each prompt-only conversation from prep is replayed user
 turn by user turn against the backend `server.backend` names, with the source's thinking mode.
 
 The work is `eagle3.generation.pipeline.generate_file` (resumable by id, deterministic per batch,
