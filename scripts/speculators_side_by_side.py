@@ -354,8 +354,23 @@ def main() -> None:
     write_table(root, json.loads(results.read_text()), args.ks, not args.skip_vllm)
 
 
+def _accept_length(judged: dict, source: str, k: int) -> float:
+    """One draft's accept length at K=k from vLLM's counters or the in-process real decoding."""
+    return (judged["vllm"] if source == "vllm" else judged["in_process"]["real"])[str(k)]["accept_length"]
+
+
+def _ks_in_every_row(rows: list[dict], ks: list[int], source: str) -> list[int]:
+    """The Ks every row was judged at by `source` (rows of earlier runs may have other --ks)."""
+    def judged(r: dict) -> dict:
+        return r.get("vllm", {}) if source == "vllm" else r["in_process"]["real"]
+
+    return [k for k in ks if all(str(k) in judged(row[w]) for row in rows for w in ("ours", "speculators"))]
+
+
 def write_table(root: Path, rows: list[dict], ks: list[int], with_vllm: bool) -> None:
-    real_ks = [k for k in ks if all(str(k) in row[w]["in_process"]["real"] for row in rows for w in ("ours", "speculators"))]
+    real_ks = _ks_in_every_row(rows, ks, "in_process")
+    if with_vllm:
+        ks = _ks_in_every_row(rows, ks, "vllm")
     header = ["seed", "epochs", "draft", "train tok/s", "sim τ", *[f"in-process τ K={k}" for k in real_ks]]
     if with_vllm:
         header += [*[f"vLLM τ K={k}" for k in ks], *[f"vLLM per position K={k}" for k in ks]]
@@ -375,11 +390,8 @@ def write_table(root: Path, rows: list[dict], ks: list[int], with_vllm: bool) ->
         judged = [("vllm", k) for k in ks] if with_vllm else []
         judged += [("in_process", k) for k in real_ks]
         for src, k in judged:
-            def accept(who: str) -> float:
-                r = row[who]
-                return r["vllm"][str(k)]["accept_length"] if src == "vllm" else r["in_process"]["real"][str(k)]["accept_length"]
-
-            ratios.setdefault(f"{group}, {src} τ K={k}", []).append(accept("ours") / accept("speculators"))
+            ratios.setdefault(f"{group}, {src} τ K={k}", []).append(
+                _accept_length(row["ours"], src, k) / _accept_length(row["speculators"], src, k))
         ratios.setdefault(f"{group}, sim τ", []).append(
             row["ours"]["in_process"]["sim_accept_len"] / row["speculators"]["in_process"]["sim_accept_len"])
         ratios.setdefault(f"{group}, train tok/s", []).append(
