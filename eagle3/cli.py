@@ -47,7 +47,9 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hc.sweep.dir).expanduser().resolve())
     # A secret override keeps its key and loses its value (the entrypoint refuses them; a library caller may not).
-    return {"job_num": hc.job.get("num"), "sweep_dir": sweep_dir, "overrides": redact_overrides(hc.overrides.task),
+    # HydraConfig.get() is a DictConfig, typed as the HydraConf dataclass (whose JobConf has no .get).
+    return {"job_num": hc.job.get("num"),  # type: ignore[attr-defined]
+            "sweep_dir": sweep_dir, "overrides": redact_overrides(hc.overrides.task),
             "experiment": hc.runtime.choices.get("experiment"),
             "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
 

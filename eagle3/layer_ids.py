@@ -9,7 +9,7 @@ goes through these functions.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from eagle3.serving.engines import ENGINES, SGLANG, VLLM
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional
 
 log = logging.getLogger("eagle3")
 JOBLIB_LAUNCHER = "joblib"

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 # The W&B run's config is redacted by the one rule of what a secret is (`eagle3.config.secrets`).
 from eagle3.config.secrets import REDACTED, redact  # noqa: F401  (re-exported)
+from eagle3.config_dict import config_dict
 
 log = logging.getLogger("eagle3")
 _loggers: dict[str, list[Any]] = {}
@@ -62,7 +63,7 @@ def job_loggers(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) -> 
     if cfg.logger is not None:
         from hydra.utils import instantiate
 
-        options = OmegaConf.to_container(cfg.logger, resolve=True)
+        options = config_dict(cfg.logger, resolve=True)
         Path(options.get("save_dir") or run_dir).mkdir(parents=True, exist_ok=True)
         if _is_wandb_class(str(options["_target_"])):
             options["offline"] = bool(options["offline"]) and not os.environ.get("WANDB_API_KEY")

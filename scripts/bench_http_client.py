@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait(timeout=30)
     print("| client | servers | concurrency | requests | prompt chars | failed | wall s | req/s | client CPU us/req |")
     print("|---|---|---|---|---|---|---|---|---|")
-    print(f"| aiohttp HTTPBackend | {args.servers} trivial | {args.concurrency} | {args.requests} | {args.prompt_chars} "
-          f"| {failed} | {wall:.2f} | {args.requests / wall:.0f} | {1e6 * cpu / args.requests:.0f} |")
+    print(f"| aiohttp HTTPBackend | {args.servers} trivial | {args.concurrency} | {args.requests} "
+          f"| {args.prompt_chars} | {failed} | {wall:.2f} | {args.requests / wall:.0f} "
+          f"| {1e6 * cpu / args.requests:.0f} |")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def one(n: int, workers: int, chunk: int, tokenizer: str, max_len: int) -> dict:
                               thinking=True, max_len=max_len, overlength="truncate")
     out = StageOutput.open(root, "tokenize", "bench", {"n": n}, inputs={"c": upstream})
     start = time.perf_counter()
-    extra = tokenize_unit(out, upstream.dir / CONVERSATIONS_FILE, upstream.counts["out"], "bench", settings,
+    extra = tokenize_unit(out, upstream.directory / CONVERSATIONS_FILE, upstream.counts["out"], "bench", settings,
                           TokenizerSpec(tokenizer), workers, chunk, TOKENIZED_FILE)
     wall = time.perf_counter() - start
     manifest = out.finalize(extra=extra)

@@ -160,8 +160,9 @@ def step_rate(target: str, precision: str, batch_tokens: int, steps: int, reps: 
     flops = step_flops(g, batches[0], steps)
     peak = matmul_gflops(torch.bfloat16 if precision == "bf16-mixed" else torch.float32, k=g.hidden_size)
     achieved = flops / seconds / 1e9
-    return {"target": target, "precision": precision, "tok_s": tokens / seconds, "gflop_per_token": flops / tokens / 1e9,
-            "gflops": achieved, "matmul_gflops": peak, "utilisation": achieved / peak}
+    return {"target": target, "precision": precision, "tok_s": tokens / seconds,
+            "gflop_per_token": flops / tokens / 1e9, "gflops": achieved, "matmul_gflops": peak,
+            "utilisation": achieved / peak}
 
 
 def main() -> None:
@@ -188,8 +189,8 @@ def main() -> None:
         for target in args.targets:
             for precision in args.precisions:
                 r = step_rate(target, precision, args.batch_tokens, args.steps, args.reps)
-                print(f"| {target} | {precision} | {r['tok_s']:,.0f} | {r['gflop_per_token']:.3f} | {r['gflops']:.1f} | "
-                      f"{r['matmul_gflops']:.0f} | {100 * r['utilisation']:.0f}% |", flush=True)
+                print(f"| {target} | {precision} | {r['tok_s']:,.0f} | {r['gflop_per_token']:.3f} "
+                      f"| {r['gflops']:.1f} | {r['matmul_gflops']:.0f} | {100 * r['utilisation']:.0f}% |", flush=True)
     if args.part in ("all", "throughput"):
         g = geometry(256, 2048, 8192)  # the demo draft
         one_step(g, 8, 128, args.steps, args.block)

@@ -67,12 +67,13 @@ def _params(args: ast.arguments, is_method: bool) -> list[str]:
     required = positional[: len(positional) - len(args.defaults)]
     if is_method and required and required[0] in ("self", "cls"):
         required = required[1:]
-    kwonly = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+    kwonly = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is None]
     return required + kwonly
 
 
-def _snippet(lines: list[str], node: ast.AST) -> str:
+def _snippet(lines: list[str], node: ast.stmt) -> str:
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
+    assert node.end_lineno is not None  # ast.parse sets it
     end = min(node.end_lineno, start + MAX_SOURCE_LINES)
     body = textwrap.dedent("\n".join(lines[start:end]))
     return "\n".join(line.rstrip() for line in body.splitlines())

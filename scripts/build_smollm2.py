@@ -110,15 +110,18 @@ def load_from_gguf(gguf_dir: Path, gguf_name: str):
 def answer(path: Path, prompt: str = CHECK_PROMPT, max_new_tokens: int = 24) -> str:
     """The checkpoint's greedy answer to one user turn, read back from disk as any user would."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BatchEncoding
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
+    assert isinstance(ids, BatchEncoding)  # return_dict=True
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0][ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    text = tokenizer.decode(out[0][ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert isinstance(text, str)  # one sequence decodes to one string
+    return text.strip()
 
 
 def check(path: Path) -> str:

@@ -30,7 +30,7 @@ if torch.accelerator.current_accelerator() is None:
     torch.accelerator.synchronize = lambda *args, **kwargs: None
     accelerator_init = trainer.Trainer.__init__
 
-    def cpu_trainer_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def cpu_trainer_init(self, *args, **kwargs):
         accelerator_init(self, *args, **kwargs)
         self.device_type = "cpu"  # its autocast device (it names "cuda" without an accelerator)
 

@@ -8,17 +8,18 @@
 under every seed.)
 
 For each seed: (1) the chain's stages through `train` (plus OVERRIDES; `--chain-root` reuses an
-existing chain's units) train eagle3's draft; (2) speculators 0.9.0 (`speculators train`, its own venv; on a CPU through scripts/speculators_cpu.py) trains an Eagle-3
-draft on the same train split: the same token ids and trained positions, capture ids, vocab
-maps (the chain's d2t/t2d), TTT steps, epochs and tokens per batch, its eval split for
-validation. Its states are computed here by the same target in the same fp32 forward as the
-chain's hf extraction (speculators needs the final residual before the target's last norm,
-which eagle3's store does not keep); the captured states are rounded to bfloat16, as eagle3's
-store holds them. Everything else is speculators' own recipe (its defaults: Muon, linear
-schedule, its layer variants). (3) Its last-epoch checkpoint is converted into an eagle3 export
-and checked against speculators' own forward (same draft tokens); (4) both drafts are judged on
-the chain's held-out prompts: vLLM CPU (`stage=bench`, engine counters, per-position acceptance)
-at each K, and eagle3's in-process eval (simulated and real accept length, lossless check).
+existing chain's units) train eagle3's draft; (2) speculators 0.9.0 (`speculators train`, its own
+venv; on a CPU through scripts/speculators_cpu.py) trains an Eagle-3 draft on the same train split:
+the same token ids and trained positions, capture ids, vocab maps (the chain's d2t/t2d), TTT steps,
+epochs and tokens per batch, its eval split for validation. Its states are computed here by the same
+target in the same fp32 forward as the chain's hf extraction (speculators needs the final residual
+before the target's last norm, which eagle3's store does not keep); the captured states are rounded
+to bfloat16, as eagle3's store holds them. Everything else is speculators' own recipe (its defaults:
+Muon, linear schedule, its layer variants). (3) Its last-epoch checkpoint is converted into an
+eagle3 export and checked against speculators' own forward (same draft tokens); (4) both drafts are
+judged on the chain's held-out prompts: vLLM CPU (`stage=bench`, engine counters, per-position
+acceptance) at each K, and eagle3's in-process eval (simulated and real accept length, lossless
+check).
 
 Writes ROOT/side_by_side.json and ROOT/side_by_side.md; each step's logs under ROOT/logs.
 Rerunning reuses finished steps (the chain's units, speculators' checkpoints, bench units).
@@ -130,7 +131,7 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
     prenorm: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_pre_hook(lambda _m, args: prenorm.append(args[0].detach()))
     (out / "hidden_states").mkdir(parents=True, exist_ok=True)
-    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     with torch.no_grad():
         for i, rec in enumerate(records):
             ids = torch.tensor(rec["input_ids"])
@@ -202,7 +203,9 @@ def convert(checkpoint: Path, target: str, out: Path) -> Path:
     flags = {k: bool(cfg.get(k, False)) for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")}
     state = {k.replace("layers.0.", "midlayer."): v.float() if v.is_floating_point() else v
              for k, v in load_file(str(checkpoint / "model.safetensors")).items()}
-    g = geometry_from_target(read_config(Path(target)), cfg["eagle_aux_hidden_state_layer_ids"],
+    target_cfg = read_config(Path(target))
+    assert target_cfg is not None, f"{target} has no config.json"
+    g = geometry_from_target(target_cfg, cfg["eagle_aux_hidden_state_layer_ids"],
                              int(cfg["draft_vocab_size"]), flags)
     draft = Eagle3Draft(g)
     embed, _ = load_embedding_and_head(target)
@@ -253,7 +256,7 @@ def check_conversion(checkpoint: Path, export: Path, data: Path, steps: int, pyt
             state = draft.step(hidden, tokens, torch.arange(seq) + 1 + k, attend)
             ours = draft.logits(state).argmax(-1)[0]  # draft ids
             mine = ours[: seq - k].tolist()
-            agree += sum(int(a == b) for a, b in zip(mine, theirs[k][: seq - k]))
+            agree += sum(int(a == b) for a, b in zip(mine, theirs[k][: seq - k], strict=False))
             total += seq - k
             hidden = draft.carry(state)
             tokens = torch.cat([inputs[:, 1 + k:], inputs.new_zeros(1, 1 + k)], dim=1)
@@ -275,7 +278,8 @@ def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_p
     extract = Manifest.load(Manifest.load(train_unit).inputs["extract"]["path"])
     geometry, draft, head = load_eval_draft(Path(export), target, revision=None, cache_dir=None, text_config_key=None)
     eval_set = split_dataset({"extract": extract}, "eval")
-    simulated = simulated_acceptance(geometry, draft, head, train_cfg, eval_set, ks, batch_tokens=int(train_cfg["batch_tokens"]))
+    simulated = simulated_acceptance(geometry, draft, head, train_cfg, eval_set, ks,
+                                     batch_tokens=int(train_cfg["batch_tokens"]))
     if num_prompts == 0:
         return {"sim_accept_len": simulated["sim_accept_len"], "acc": simulated["acc"], "real": {}}
     prompts = heldout_prompts(Path(extract.inputs["merged"]["path"]) / EVAL_FILE, num_prompts)

@@ -45,8 +45,8 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        mem_kb = next(int(l.split()[1]) for l in Path("/proc/meminfo").read_text().splitlines()
-                      if l.startswith("MemTotal"))
+        mem_kb = next(int(row.split()[1]) for row in Path("/proc/meminfo").read_text().splitlines()
+                      if row.startswith("MemTotal"))
     except (OSError, StopIteration):
         mem_kb = 0
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
@@ -103,7 +103,7 @@ def main() -> None:
     stats = tt.train(cfg, model, rows)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)  # type: ignore[arg-type]  # transformers' @wraps(nn.Module.to) types .to unbound
     tt.generation_config(tokenizer).save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     bytes_on_disk = sum(p.stat().st_size for p in args.out.iterdir() if p.is_file()

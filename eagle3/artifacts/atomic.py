@@ -14,8 +14,9 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = [
     "TMP_MARKER",

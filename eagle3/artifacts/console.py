@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import Any, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional, TypeVar, overload
 
 from eagle3.artifacts.manifest import Manifest
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["log_summary", "progress"]
 
@@ -15,14 +19,23 @@ logger = logging.getLogger("eagle3")
 T = TypeVar("T")
 
 
-def progress(iterable: Iterable[T], total: int | None = None, desc: str | None = None, **kwargs: Any) -> Iterable[T]:
+@overload
+def progress(iterable: Iterable[T], total: int | None = None, desc: str | None = None, **kwargs: Any) -> tqdm[T]: ...
+
+
+@overload
+def progress(iterable: None, total: int | None = None, desc: str | None = None, **kwargs: Any) -> tqdm[Any]: ...
+
+
+def progress(iterable: Optional[Iterable[Any]], total: int | None = None, desc: str | None = None,
+             **kwargs: Any) -> tqdm[Any]:
     """Wrap an iterable in the project's one style of progress bar.
 
     Shown only when stderr is a terminal (so logs of batch jobs are not flooded with bar
     redraws) and redrawn at most about once a second.
 
     Args:
-        iterable: What to iterate.
+        iterable: What to iterate (None: a bar the caller advances with ``update``).
         total: Number of items, when ``len()`` is not available.
         desc: Label, e.g. ``"tokenize demo_native"``.
         **kwargs: Passed to ``tqdm`` (e.g. ``unit="tok"``).

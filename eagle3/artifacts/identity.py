@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from eagle3.artifacts.fingerprint import fingerprint, to_plain
 from eagle3.artifacts.manifest import STATUS_COMPLETE, Manifest

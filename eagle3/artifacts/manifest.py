@@ -161,6 +161,13 @@ class Manifest:
     format_version: int = MANIFEST_FORMAT_VERSION
     dir: Path | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def directory(self) -> Path:
+        """`dir` of a manifest that was loaded or written (an error for one that was neither)."""
+        if self.dir is None:
+            raise ValueError(f"manifest {self.stage}/{self.name} was neither loaded nor written: it has no directory")
+        return self.dir
+
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready copy of every field except ``dir``."""

@@ -21,8 +21,9 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from eagle3.artifacts.atomic import fsync_dir, temp_path_for
 
@@ -269,7 +270,7 @@ class RecordWriter:
         """
         last = len(rank)
         entries = [(rank.get(_line_id(raw), last), offset, len(raw)) for offset, raw in self._spans()]
-        if all(a[0] <= b[0] for a, b in zip(entries, entries[1:])):
+        if all(a[0] <= b[0] for a, b in zip(entries, entries[1:], strict=False)):
             return False
         entries.sort(key=lambda e: (e[0], e[1]))
         self._rewrite((offset, length) for _, offset, length in entries)

@@ -34,8 +34,9 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from eagle3.artifacts.atomic import file_sha256, is_temp_name
 from eagle3.artifacts.fingerprint import to_plain

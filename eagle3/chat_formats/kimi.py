@@ -82,7 +82,9 @@ def with_kimi_call_ids(conv: dict) -> dict:
     messages = conv.get("messages")
     if not isinstance(messages, list) or not any(isinstance(m, dict) and m.get("tool_calls") for m in messages):
         return conv
-    out, index, renamed = [], 0, {}
+    out: list[Any] = []
+    renamed: dict[Any, str] = {}  # a call's id in the data -> its Kimi id, for the tool results that follow
+    index = 0
     for message in messages:
         if not isinstance(message, dict):
             out.append(message)
@@ -156,7 +158,7 @@ def parse_kimi_assistant(text: str) -> dict:
         for call_id, args in _TOOL_CALL_RE.findall(section):
             tool_calls.append({"id": call_id.strip(), "type": "function",
                                "function": {"name": _call_name(call_id), "arguments": args}})
-    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls:
         message["tool_calls"] = tool_calls
     return message

@@ -24,6 +24,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.secrets import Finding, find_secrets, find_secrets_in_overrides
+from eagle3.config_dict import config_dict
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE
 
 
@@ -42,7 +43,7 @@ def secret_findings(config: DictConfig) -> list[Finding]:
                  *(OmegaConf.select(hydra, "overrides.hydra") or [])]
     params = OmegaConf.select(hydra, "sweeper.params")
     if params:
-        overrides += [f"{k}={v}" for k, v in OmegaConf.to_container(params, resolve=False).items()]
+        overrides += [f"{k}={v}" for k, v in config_dict(params, resolve=False).items()]
     found += [f for f in find_secrets_in_overrides([str(o) for o in overrides]) if f.key not in {x.key for x in found}]
     env_set = OmegaConf.select(hydra, "job.env_set")
     if env_set:

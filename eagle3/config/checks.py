@@ -7,7 +7,8 @@ for servers, `eagle3.config.validate` for the rest) and all report in the same s
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 

@@ -17,7 +17,7 @@ every bad value at once instead of stopping at the first, as an Enum would.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 from omegaconf import II, MISSING
 
@@ -78,7 +78,7 @@ class ModelConfig:
     hidden_size: int = MISSING
     vocab_size: int = MISSING
     # Capture index i = residual stream entering decoder layer i = HF hidden_states[i].
-    capture_layers: List[int] = MISSING
+    capture_layers: list[int] = MISSING
     # Template used for training renders (keeps reasoning on every assistant turn); None = the
     # tokenizer's own.
     training_chat_template: Optional[str] = None
@@ -100,13 +100,13 @@ class DatasetSourceConfig:
     revision: Optional[str] = None
     subset: Optional[str] = None
     split: str = "train"
-    data_files: Optional[List[str]] = None  # local json / jsonl / parquet
+    data_files: Optional[list[str]] = None  # local json / jsonl / parquet
     generator: Optional[str] = None  # demo_native | demo_prompts (built in the package)
     num_samples: Optional[int] = None  # None = all
     weight: float = 1.0  # mixture weight (merge stage)
     streaming: bool = False
     # Adapter column names, for schemas whose columns vary between releases.
-    columns: Dict[str, str] = field(default_factory=dict)
+    columns: dict[str, str] = field(default_factory=dict)
     # Thinking mode used when regenerating this source's responses (prompt_only track).
     thinking: bool = True
     description: str = ""
@@ -122,12 +122,12 @@ class DatasetConfig:
     """
 
     name: str = MISSING
-    sources: Dict[str, DatasetSourceConfig] = field(default_factory=dict)
+    sources: dict[str, DatasetSourceConfig] = field(default_factory=dict)
     # Local .jsonl/.json/.parquet files; relative paths are taken from where you run the job.
-    files: Optional[List[str]] = None
+    files: Optional[list[str]] = None
     track: Optional[str] = None  # every file's track: target_native | prompt_only (required with files)
     schema: Optional[str] = None  # every file's schema; None = each file's is detected from its first records
-    columns: Dict[str, str] = field(default_factory=dict)  # with `schema`: adapter column renames
+    columns: dict[str, str] = field(default_factory=dict)  # with `schema`: adapter column renames
     num_samples: Optional[int] = None  # per file; None = the source's default
     thinking: Optional[bool] = None  # None = the source's default
 
@@ -170,7 +170,7 @@ class GeneratePartitionConfig:
     concurrency: int = 16
 
 
-def _default_partitions() -> List[GeneratePartitionConfig]:
+def _default_partitions() -> list[GeneratePartitionConfig]:
     return [GeneratePartitionConfig(max_context=10240, concurrency=192),
             GeneratePartitionConfig(max_context=None, concurrency=16)]
 
@@ -184,7 +184,7 @@ class GenerateHTTPConfig:
     asks, and a resumed run may change it (more endpoints, another concurrency or timeout).
     """
 
-    partitions: List[GeneratePartitionConfig] = field(default_factory=_default_partitions)
+    partitions: list[GeneratePartitionConfig] = field(default_factory=_default_partitions)
     # false: a partition's concurrency is the total over all endpoints; true: per endpoint.
     concurrency_per_endpoint: bool = False
     endpoint_strategy: str = "least_busy"  # least_busy | round_robin
@@ -206,9 +206,9 @@ class GenerateHTTPConfig:
     model: Optional[str] = None  # served model name; null = the first of the server's /v1/models
     # Sent as chat_template_kwargs; the source's thinking mode is added under each thinking key
     # (Kimi-K2.5 reads `thinking`, Qwen3-style templates `enable_thinking`).
-    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
-    thinking_keys: List[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
-    extra_body: Dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking_keys: list[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
+    extra_body: dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
     log_every_s: float = 60.0  # a progress line in the log (batch jobs have no progress bar)
 
 
@@ -301,7 +301,7 @@ class OptimizerConfig:
 
     _target_: str = "eagle3.draft.optim.MuonAdamW"
     lr: float = 3e-4
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
 
 
@@ -330,7 +330,8 @@ class TrainConfig:
     lr_schedule: str = "cosine"  # cosine | linear, after the warmup, down to min_lr_ratio x lr
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0
-    precision: str = "auto"  # auto = bf16-mixed on GPUs and on CPUs with bf16 units (eagle3.draft.fit.resolve_precision), else 32-true
+    # auto = bf16-mixed on GPUs and on CPUs with bf16 units (eagle3.draft.fit.resolve_precision), else 32-true
+    precision: str = "auto"
     accelerator: str = "auto"
     devices: Any = "auto"
     strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
@@ -354,7 +355,7 @@ class TrainConfig:
 class EvalConfig:
     """Draft evaluation: simulated acceptance on the eval split, real speculative decoding."""
 
-    ks: List[int] = field(default_factory=lambda: [3, 5])  # draft tokens per verify step
+    ks: list[int] = field(default_factory=lambda: [3, 5])  # draft tokens per verify step
     max_new_tokens: int = 128
     num_prompts: int = 16  # held-out prompts (first assistant turn of eval samples); 0 = skip
     check_lossless: bool = True
@@ -413,7 +414,7 @@ class WandbLoggerConfig:
     entity: Optional[str] = None
     name: Optional[str] = None
     group: Optional[str] = None  # sweeps set this so their jobs group together
-    tags: List[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
     offline: bool = True
     save_dir: str = "${paths.root}/logs"
     log_model: bool = False

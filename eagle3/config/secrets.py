@@ -35,7 +35,8 @@ Only this module decides; it imports nothing from eagle3 so records can be redac
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator, NamedTuple, Optional
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple, Optional
 
 __all__ = ["REDACTED", "SECRET_KEY_RE", "Finding", "find_secrets", "find_secrets_in_overrides",
            "is_secret_key", "redact", "redact_overrides", "redact_text"]
@@ -139,7 +140,7 @@ def _flag_name(arg: str) -> Optional[str]:
 def _is_secret_flag(arg: str) -> bool:
     """`--api-key`, `--token`, `--db-password`: a flag whose value is a credential (flags are not env names)."""
     name = _flag_name(arg)
-    return bool(name) and bool(SECRET_KEY_RE.search(name.lower()) or _has_secret_word(name))
+    return bool(name and (SECRET_KEY_RE.search(name.lower()) or _has_secret_word(name)))
 
 
 def _redact_url(match: re.Match) -> str:

@@ -7,7 +7,7 @@ here, next to its type, and a YAML file sets only what its option changes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Optional
 
 from omegaconf import II
 
@@ -25,7 +25,7 @@ class SpeculativeConfig:
     num_draft_tokens: int = 4
     # Capture layers of the draft in HF numbering; None = model.capture_layers. The launcher
     # writes them per engine (SGLang: capture-1; vLLM: as is).
-    capture_layers: Optional[List[int]] = None
+    capture_layers: Optional[list[int]] = None
     draft_quantization: Optional[str] = None  # SGLang: unquant keeps the draft in bf16
     attention_mode: Optional[str] = None  # SGLang: prefill | decode
 
@@ -51,7 +51,7 @@ class ServerConfig:
     python: str = "python"  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
     host: str = "127.0.0.1"  # loopback only
     port: int = 30000
-    urls: List[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
+    urls: list[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
     tp: int = 1
     dp: int = 1
     dtype: str = "auto"
@@ -67,8 +67,8 @@ class ServerConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # Set on top of what the launcher derives (SGLANG_ENABLE_SPEC_V2, SGL_ENABLE_JIT_DEEPGEMM,
     # VLLM_CPU_*, LD_PRELOAD); a key here wins.
-    env: Dict[str, str] = field(default_factory=dict)
-    extra_args: List[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
 
 
 @dataclass
@@ -96,7 +96,7 @@ class BenchConfig:
     repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)
     baseline: bool = True  # also measure the target alone (speedup); false = speculative only
     # With server.urls (connect mode: nothing launched) the baseline server's URLs.
-    baseline_urls: List[str] = field(default_factory=list)
+    baseline_urls: list[str] = field(default_factory=list)
     # At or below this accept length under speculation the draft is unused: FAILED, not a number.
     min_accept_length: float = 1.05
     request_timeout_s: float = 600.0

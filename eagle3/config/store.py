@@ -73,7 +73,8 @@ class DerivedValueError(ValueError):
         self.key, self.value, self.why, self.valid, self.reason = key, value, why, valid, reason
 
 
-def resolution_cause(exc: BaseException, types: tuple[type, ...] = (DerivedValueError,)) -> Optional[BaseException]:
+def resolution_cause(exc: Optional[BaseException],
+                     types: tuple[type, ...] = (DerivedValueError,)) -> Optional[BaseException]:
     """The first exception of `types` behind one OmegaConf raised while resolving, if any.
 
     OmegaConf wraps a resolver's exception (once per interpolation level it went through) and
@@ -162,8 +163,8 @@ def _capture_layers(model: DictConfig, key: str, raw: Any) -> list[int]:
         if not isinstance(cause, DerivedValueError):
             raise  # not the checkpoint's fault (model.path unset): reported under its own key
         raise DerivedValueError(key, raw, f"model=auto derives it from model.num_layers ([2, L//2, L-3]), read "
-                                f"from the checkpoint's config.json: {cause.reason}", f"set {key} (a list of layer ids), or "
-                                "model.num_layers", cause.reason) from None
+                                f"from the checkpoint's config.json: {cause.reason}",
+                                f"set {key} (a list of layer ids), or model.num_layers", cause.reason) from None
     try:
         return standard_capture_layers(num_layers)
     except ValueError as exc:

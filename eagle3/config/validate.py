@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
@@ -24,6 +25,7 @@ from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryV
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
 from eagle3.config.store import DerivedValueError, resolution_cause
+from eagle3.config_dict import config_dict
 from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
 from eagle3.data.detect import files_sources
@@ -68,8 +70,7 @@ def _check_model(model: DictConfig, err: ConfigErrors, hf_cache: Optional[str] =
 
     template = model.training_chat_template
     if template is not None and not Path(template).is_file():
-        err.add("model.training_chat_template", template, "file not found",
-                "a path to a .jinja file or null")
+        err.add("model.training_chat_template", template, "file not found", "a path to a .jinja file or null")
 
     # Offline: a local checkpoint, or the json files of a hub id the hub cache holds (model=auto fetched them).
     try:
@@ -81,8 +82,7 @@ def _check_model(model: DictConfig, err: ConfigErrors, hf_cache: Optional[str] =
         for key, hf_key in HF_CONFIG_KEYS.items():
             actual = hf_config.get(hf_key)
             if actual is not None and actual != model[key]:
-                err.add(f"model.{key}", model[key],
-                        f"{model.path}/config.json says {hf_key}={actual}", str(actual))
+                err.add(f"model.{key}", model[key], f"{model.path}/config.json says {hf_key}={actual}", str(actual))
         if hf_config.get("auto_map") and not model.trust_remote_code:
             err.add("model.trust_remote_code", False,
                     f"{model.path}/config.json needs custom code (auto_map)",
@@ -101,7 +101,7 @@ def _check_derived(model: DictConfig, err: ConfigErrors) -> bool:
     def visit(node: DictConfig) -> None:
         for key in node.keys():
             child = node._get_node(key)
-            if OmegaConf.is_interpolation(node, key):
+            if OmegaConf.is_interpolation(node, key):  # type: ignore[arg-type]  # omegaconf types key as int | str
                 try:
                     node[key]
                 except Exception as exc:  # whatever the resolver raised, wrapped by OmegaConf
@@ -122,11 +122,11 @@ def _missing_keys(cfg: DictConfig) -> list[str]:
     out: list[str] = []
 
     def gather(node: DictConfig | ListConfig) -> None:
-        for key in range(len(node)) if isinstance(node, ListConfig) else node.keys():
+        for key in cast(Iterable[Any], range(len(node)) if isinstance(node, ListConfig) else node.keys()):
             child = node._get_node(key)
             if OmegaConf.is_missing(node, key):
                 out.append(node._get_full_key(key))
-            elif OmegaConf.is_config(child) and not child._is_interpolation() and not child._is_none():
+            elif isinstance(child, (DictConfig, ListConfig)) and not child._is_interpolation() and not child._is_none():
                 gather(child)
 
     gather(cfg)
@@ -194,7 +194,7 @@ def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
                 if col_key not in valid_keys:
                     err.add(f"{key}.columns.{col_key}", src.columns[col_key],
                             f"not a column key of schema {src.schema}", ", ".join(valid_keys))
-        err.positive(f"{key}.num_samples", src.num_samples, allow_none=True)
+        err.positive(f"{key}.num_samples", src.num_samples, allow_none=not src.generator)  # a generator has no end
         err.not_negative(f"{key}.weight", src.weight)
 
 
@@ -359,14 +359,14 @@ def _check_known_keys(node: DictConfig, key: str, err: ConfigErrors) -> None:
         for name in extra:
             where = f"{key}.{name}" if key else name
             close = difflib.get_close_matches(name, sorted(declared), n=3)
-            err.add(where, OmegaConf.to_container(node, resolve=False)[name],
+            err.add(where, config_dict(node, resolve=False)[name],
                     f"not a key of {key or 'the config'} (the schema has no such key, so nothing would read it)",
                     ("did you mean " + " or ".join(close) + "?") if close else ", ".join(sorted(declared)))
-    for name in node.keys():
-        child = node._get_node(name)
+    for child_key in node.keys():
+        child = node._get_node(child_key)
         if child is None or child._is_missing() or child._is_none() or child._is_interpolation():
             continue
-        where = f"{key}.{name}" if key else str(name)
+        where = f"{key}.{child_key!s}" if key else str(child_key)
         if isinstance(child, DictConfig):
             _check_known_keys(child, where, err)
         elif isinstance(child, ListConfig):
@@ -379,7 +379,9 @@ def _check_target_arguments(node: DictConfig, key: str, extra: list[str], err: C
     """Extra keys of a `_target_` node must be arguments its class takes (the class is imported only here)."""
     from hydra.utils import get_object
 
-    target = node._get_node("_target_")._value()
+    target_node = node._get_node("_target_")
+    assert target_node is not None  # the caller found `_target_` in the node
+    target = target_node._value()
     try:
         params = inspect.signature(get_object(str(target))).parameters.values()
     except Exception as exc:  # noqa: BLE001 - an import error, a name that is not there: say which
@@ -392,7 +394,7 @@ def _check_target_arguments(node: DictConfig, key: str, extra: list[str], err: C
     for name in extra:
         if name not in accepted:
             close = difflib.get_close_matches(name, accepted, n=3)
-            err.add(f"{key}.{name}", OmegaConf.to_container(node, resolve=False)[name],
+            err.add(f"{key}.{name}", config_dict(node, resolve=False)[name],
                     f"not an argument of {target}", ("did you mean " + " or ".join(close) + "?") if close
                     else ", ".join(accepted))
 
@@ -407,8 +409,7 @@ def _check_secrets(node: Any, key: str, err: ConfigErrors) -> None:
         err.add(found.key, found.shown, found.why, found.valid)
 
 
-def validate_config(cfg: DictConfig, stages: Iterable[str],
-                    stage_rules: Iterable[StageRules] = ()) -> list[str]:
+def validate_config(cfg: DictConfig, stages: Iterable[str], stage_rules: Iterable[StageRules] = ()) -> list[str]:
     """All rule violations of a composed config, one line each (empty = valid).
 
     Args:

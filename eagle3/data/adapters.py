@@ -15,8 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from eagle3.data import glaive
 from eagle3.data.conversation import (
@@ -195,7 +196,7 @@ def sharegpt(record: dict, cols: dict) -> dict:
     Speaker names are mapped with SHAREGPT_ROLES (human/gpt/chatgpt/...); an unknown one is
     passed on as is so the reject names it (unknown_role).
     """
-    messages = []
+    messages: list[Any] = []
     system = _opt(record, cols, "system")
     if isinstance(system, str) and system.strip():
         messages.append({"role": "system", "content": system})

@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 from eagle3.chat_formats.kimi import kimi_call_id
 

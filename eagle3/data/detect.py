@@ -124,9 +124,10 @@ def _shown(keys: tuple[str, ...]) -> str:
 def _fit_all(adapter: Adapter, rows: list[dict], columns: Optional[dict]) -> Optional[tuple[dict, frozenset]]:
     """The fit shared by every row (the same remap in each), else None."""
     fits = [_fit(adapter, row, columns) for row in rows]
-    if any(f is None for f in fits) or len({tuple(sorted(f[0].items())) for f in fits}) != 1:
+    found = [f for f in fits if f is not None]
+    if len(found) < len(fits) or len({tuple(sorted(f[0].items())) for f in found}) != 1:
         return None
-    return fits[0][0], frozenset().union(*(f[1] for f in fits))
+    return found[0][0], frozenset().union(*(f[1] for f in found))
 
 
 def _fitting(rows: list[dict]) -> list[dict]:

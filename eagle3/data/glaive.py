@@ -103,7 +103,7 @@ def parse_chat(chat: str) -> list[dict]:
     messages: list[dict] = []
     last_call = None
     n_calls = 0
-    for marker, text in zip(parts[1::2], parts[2::2]):
+    for marker, text in zip(parts[1::2], parts[2::2], strict=True):
         role = _MARKERS[marker]
         text = text.strip()
         while text.endswith(END_OF_TEXT):

@@ -15,7 +15,7 @@ from eagle3.artifacts import read_jsonl
 
 def heldout_prompts(eval_split: Path, limit: int) -> list[dict[str, Any]]:
     """`{"id", "input_ids"}` of the first assistant turn of up to `limit` samples of a merged eval split."""
-    prompts = []
+    prompts: list[dict[str, Any]] = []
     for record in read_jsonl(eval_split):
         if len(prompts) >= limit:
             break

@@ -23,9 +23,10 @@ import io
 import json
 import os
 import zlib
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any, Optional, cast
 
 from eagle3.artifacts import file_sha256
 from eagle3.artifacts.records import unencodable_text
@@ -140,7 +141,14 @@ def files_sha256(paths: list[str]) -> dict[str, str]:
 #: `_Utf8Transcoder` writes as the byte 0xFF, never valid UTF-8, so its line is a reject and the
 #: file goes on (``replace`` would keep the line with its text silently changed).
 _UNDECODABLE = "eagle3.undecodable"
-codecs.register_error(_UNDECODABLE, lambda exc: ("\udcff", exc.end))
+
+
+def _undecodable(exc: UnicodeError) -> tuple[str, int]:
+    assert isinstance(exc, UnicodeDecodeError)  # the handler only decodes (`_Utf8Transcoder`)
+    return "\udcff", exc.end
+
+
+codecs.register_error(_UNDECODABLE, _undecodable)
 _TRANSCODE_CHARS = 1 << 16
 
 
@@ -189,7 +197,8 @@ def _open_text(path: str) -> IO[bytes]:
         UnreadableDataFile: The file cannot be opened, or its first bytes cannot be read.
     """
     try:
-        fh = gzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb")
+        # A GzipFile is a binary file, though typeshed does not declare it an IO[bytes].
+        fh = cast(IO[bytes], gzip.open(path, "rb")) if path.lower().endswith(".gz") else open(path, "rb")
     except OSError as exc:
         raise UnreadableDataFile(path, exc, None) from exc
     try:
@@ -225,7 +234,7 @@ def _lines(fh: IO[bytes], path: str) -> Iterator[tuple[int, bytes]]:
         yield lineno, raw
 
 
-def iter_jsonl(path: str) -> Iterator[RawItem]:
+def iter_jsonl(path: str) -> Generator[RawItem, None, None]:
     """Records of a JSON-lines file; a bad line is a RawItem with an error, and reading goes on.
 
     Raises:

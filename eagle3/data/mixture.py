@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -170,7 +171,7 @@ def write_mixture(out: StageOutput, sources: dict[str, tuple[Path, Optional[int]
     placement = {c.id: ("train", rank) for rank, c in enumerate(split.train)}
     placement.update({c.id: ("eval", rank) for rank, c in enumerate(split.eval)})
     writers = {name: out.records(file) for name, file in SPLIT_FILES.items()}
-    for source, (path, _) in sorted(sources.items()):
+    for _source, (path, _) in sorted(sources.items()):
         for record in read_jsonl(path):
             where = placement.get(str(record["id"]))
             if where is None or out.is_done(record["id"]):

@@ -86,6 +86,7 @@ def _scan(out: StageOutput, unit: str, src: dict, prep: dict, generator_file: Op
         if item.error is not None:
             _reject(out, f"{unit}:{item.where}", item.reason, item.error, unit, item.where)
             continue
+        assert item.record is not None  # a RawItem without an error holds its record
         try:
             rid = f"{unit}:{raw_id(item.record, columns)}"
         except AdapterError as exc:

@@ -27,8 +27,9 @@ conventions are applied first (`eagle3.chat_formats.targets.for_target`: Kimi's 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from eagle3.chat_formats.targets import for_target
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
@@ -182,11 +183,11 @@ def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> t
     whole = encoded.pop()
     ids: list[int] = []
     mask: list[int] = []
-    for seg_ids, flag in zip(encoded, flags):
+    for seg_ids, flag in zip(encoded, flags, strict=True):
         ids.extend(seg_ids)
         mask.extend([flag] * len(seg_ids))
     if ids != whole:
-        at = next((k for k, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
+        at = next((k for k, (a, b) in enumerate(zip(ids, whole, strict=False)) if a != b), min(len(ids), len(whole)))
         raise Reject("boundary_merge", f"segment tokens differ from the whole render at token {at} "
                      f"({len(ids)} vs {len(whole)} tokens)")
     return ids, mask

@@ -29,7 +29,7 @@ from eagle3.data.conversation import prompt_hash
 
 def sampling_key(seed: int, rid: str) -> int:
     """The record's place in the seeded order (smaller = sampled first)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{rid}".encode("utf-8")).digest()[:8], "big")
+    return int.from_bytes(hashlib.sha256(f"{seed}:{rid}".encode()).digest()[:8], "big")
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Selector:
         first[1:] = sorted_groups[1:] != sorted_groups[:-1]
         group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
         winner_of = order[group_start]
-        duplicates = [(int(i), int(w)) for i, w in zip(order[~first], winner_of[~first])]
+        duplicates = [(int(i), int(w)) for i, w in zip(order[~first], winner_of[~first], strict=True)]
         winners = order[first]
         winners = winners[np.argsort(keys[winners], kind="stable")]
         keep = len(winners) if num_samples is None else min(num_samples, len(winners))

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 __all__ = ["LiteralSpecials", "SpecialTextError", "encode_as_text", "literal_specials"]
 
@@ -138,7 +139,7 @@ class LiteralSpecials:
         out: list[list[int]] = [[] for _ in texts]
         if plain:  # one batched call, as the tokenizer is always called
             encoded = tokenizer([texts[i] for i in plain], add_special_tokens=False)["input_ids"]
-            for i, ids in zip(plain, encoded):
+            for i, ids in zip(plain, encoded, strict=True):
                 out[i] = list(ids)
         for i in escaped:
             out[i] = self._encode_escaped(tokenizer, texts[i])

@@ -13,9 +13,10 @@ import math
 import multiprocessing as mp
 import os
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Optional
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
 from eagle3.data.render import Reject, RenderSettings, tokenize_conversation
@@ -58,7 +59,7 @@ def tokenize_chunk(tokenizer: Any, settings: RenderSettings, chunk: list[dict]) 
     Any exception is a reject of that one conversation (never a crash of the job); an exception
     that is not a :class:`Reject` is labelled ``tokenize_error`` so it stays visible as a bug.
     """
-    outcomes = []
+    outcomes: list[tuple] = []
     for conv in chunk:
         try:
             outcomes.append(("ok", tokenize_conversation(tokenizer, conv, settings)))

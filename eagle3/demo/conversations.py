@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from eagle3.demo import corpus
 
@@ -29,7 +30,8 @@ READ_FILE_TOOL = {
         "parameters": {
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "File path relative to the stdlib root, e.g. json/__init__.py"},
+                "path": {"type": "string",
+                         "description": "File path relative to the stdlib root, e.g. json/__init__.py"},
                 "symbol": {"type": "string", "description": "Qualified name in that file, e.g. JSONEncoder.encode"},
             },
             "required": ["path", "symbol"],
@@ -192,7 +194,7 @@ def tool_answer(rec: dict, source: str, style: int) -> tuple[str, str]:
 
 def kimi_conversation(plan: Plan) -> dict:
     """Write a plan the way the demo target answers: reasoning first, then the answer."""
-    messages = [{"role": "system", "content": plan.system}] if plan.system else []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": plan.system}] if plan.system else []
     for answer_kind, rec, user_text in plan.turns:
         messages.append({"role": "user", "content": user_text})
         if answer_kind == "tool":

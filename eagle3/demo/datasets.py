@@ -22,7 +22,7 @@ import json
 import random
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from eagle3.chat_formats.kimi import parse_kimi_assistant
 from eagle3.demo import conversations as convs
@@ -130,7 +130,7 @@ def _generate(model, tokenizer, prompts: list[dict], max_new_tokens: int, temper
 def _run_batch(model, tokenizer, plans: list[convs.Plan], batch_seed: str, max_new_tokens: int,
                temperature: float, max_tool_rounds: int = 2) -> list[dict]:
     """Play every plan's user turns against the target, executing tool calls, in lock-step rounds."""
-    states = []
+    states: list[dict[str, Any]] = []
     for plan in plans:
         messages = [{"role": "system", "content": plan.system}] if plan.system else []
         users = [u for _, _, u in plan.turns]
@@ -143,7 +143,7 @@ def _run_batch(model, tokenizer, plans: list[convs.Plan], batch_seed: str, max_n
             break
         seed = int.from_bytes(random.Random(f"{batch_seed}:{round_idx}").randbytes(4), "little")
         outs = _generate(model, tokenizer, active, max_new_tokens, temperature, seed)
-        for state, text in zip(active, outs):
+        for state, text in zip(active, outs, strict=True):
             msg = parse_kimi_assistant(text)
             state["truncated"] += not text.endswith(tokenizer.eos_token)
             state["messages"].append(msg)
@@ -193,7 +193,7 @@ def demo_native_records(num_samples: int, seed: int, target_path: str | Path = c
             continue
         states = _run_batch(model, tokenizer, batch, f"native:{seed}:{batch_idx}",
                             max_new_tokens, temperature)
-        for plan, state in zip(batch, states):
+        for plan, state in zip(batch, states, strict=True):
             if emitted >= num_samples:
                 return
             record = {"id": f"demo_native-{emitted:06d}", "messages": state["messages"]}
@@ -204,7 +204,7 @@ def demo_native_records(num_samples: int, seed: int, target_path: str | Path = c
             emitted += 1
 
 
-def write_demo_source(out: Any, generator: str, num_samples: Optional[int], seed: int, target_path: Path,
+def write_demo_source(out: Any, generator: str, num_samples: int, seed: int, target_path: Path,
                       output_name: str) -> None:
     """Generate a demo source's records into `out` (resumable by id: done ids are not regenerated).
 

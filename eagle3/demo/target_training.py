@@ -90,7 +90,8 @@ def build_tokenizer(cfg: TrainConfig) -> PreTrainedTokenizerFast:
 
 def build_model(cfg: TrainConfig, tokenizer) -> LlamaForCausalLM:
     """A fresh, seeded Llama sized for ~20 minutes of training on two CPU cores."""
-    config = LlamaConfig(
+    # rope_theta: a field in transformers 4; transformers 5's config dataclass takes it but does not declare it.
+    config = LlamaConfig(  # type: ignore[call-arg]
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
         intermediate_size=cfg.intermediate_size, max_position_embeddings=4096,

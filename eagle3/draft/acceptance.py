@@ -5,7 +5,8 @@ Torch-free, so the report renderers (`eagle3.reports`) and the trainer compute i
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def simulated_accept_length(acc: Iterable[float] | Any) -> float:

@@ -11,7 +11,7 @@ forward nor backward ever holds more than `block_size x L` scores per head.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -98,7 +98,7 @@ class DraftKVCache:
         return 0 if self.keys is None else self.keys.shape[-2]
 
     def crop(self, length: int) -> None:
-        if self.keys is not None:
+        if self.keys is not None and self.values is not None:  # both are set together (attend)
             self.keys, self.values = self.keys[..., :length, :], self.values[..., :length, :]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ from eagle3.artifacts import atomic_path
 
 
 class AtomicCheckpointIO(CheckpointIO):
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Optional[Any] = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                        storage_options: Optional[Any] = None) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp, open(tmp, "wb") as fh:
             # Through a Python file object: a full disk then surfaces as the OSError(ENOSPC) it is (the

@@ -10,12 +10,16 @@ rank takes every world_size-th batch of the same order, truncated to an equal co
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+if TYPE_CHECKING:
+    from eagle3.extract.dataset import SplitDataset
 
 
 def plan_token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -99,7 +103,7 @@ class DraftDataModule(L.LightningDataModule):
     datamodule `state_dict` / `load_state_dict`.
     """
 
-    def __init__(self, train: Dataset, eval: Optional[Dataset], *, batch_tokens: int, seed: int = 0,
+    def __init__(self, train: SplitDataset, eval: Optional[SplitDataset], *, batch_tokens: int, seed: int = 0,
                  num_workers: int = 0) -> None:
         super().__init__()
         self.train_set, self.eval_set = train, eval

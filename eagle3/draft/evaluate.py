@@ -9,8 +9,9 @@ the output equals plain greedy decoding token for token (it must).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 

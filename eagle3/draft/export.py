@@ -12,8 +12,9 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from safetensors import safe_open
@@ -93,7 +94,7 @@ def _info_from_config(path: Path, cfg: dict, where: str) -> ExportInfo:
     if list(meta.get("capture_layers") or []) != list(geometry.capture_layers):
         raise ExportError(f"{where}: {METADATA_KEY}.capture_layers: found {meta.get('capture_layers')}, "
                           f"expected {list(geometry.capture_layers)} (the geometry's)")
-    return ExportInfo(path=path, engine=engine, geometry=geometry, dtype=dtype,
+    return ExportInfo(path=path, engine=str(engine), geometry=geometry, dtype=str(dtype),  # both checked above
                       include_embedding=bool(meta.get("include_embedding")), config=cfg)
 
 
@@ -180,7 +181,8 @@ def capture_layers_of(path: Union[str, Path], engine: str) -> list[int]:
     config_file = Path(path) / CONFIG_NAME
     cfg = _read_config(config_file)
     check_choice("engine", engine, ENGINES, str(config_file))
-    nested = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    nested = cfg.get("eagle_config")
+    nested = nested if isinstance(nested, dict) else {}
     ids = nested.get(IDS_KEY) if engine == "sglang" else (cfg.get(IDS_KEY) or nested.get(IDS_KEY))
     if not ids:
         where = f"eagle_config.{IDS_KEY}" if engine == "sglang" else IDS_KEY

@@ -41,9 +41,10 @@ capture, which is the usual `[2, L//2, L-3]`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 

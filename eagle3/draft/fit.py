@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from eagle3.config_dict import config_dict
 from eagle3.draft.geometry import engines_refusing, geometry_from_target
+from eagle3.draft.options import AUTO_PRECISION
 from eagle3.dtypes import cpu_has_native_bf16
 from eagle3.errors import Eagle3Error
-from eagle3.draft.options import AUTO_PRECISION
 from eagle3.serving.engines import ENGINES
-from eagle3.target_info import read_config, resolve_dir
+from eagle3.target_info import CONFIG_FILE, TargetConfigError, read_config, resolve_dir
 from eagle3.threads import ranks_share_cores
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
@@ -39,9 +40,12 @@ FIT_SUMMARY = "fit_summary.json"
 def draft_geometry(cfg: DictConfig):
     """The draft geometry for this config, from the target's config.json."""
     m = cfg.model
-    target_cfg = read_config(resolve_dir(m.path, m.revision, cfg.paths.hf_cache), m.text_config_key)
+    directory = resolve_dir(m.path, m.revision, cfg.paths.hf_cache)
+    target_cfg = read_config(directory, m.text_config_key)
+    if target_cfg is None:
+        raise TargetConfigError(f"model.path: {directory} has no {CONFIG_FILE} (or it is not a JSON object)")
     return geometry_from_target(target_cfg, m.capture_layers, int(m.draft.vocab_size),
-                                OmegaConf.to_container(m.draft, resolve=True))
+                                config_dict(m.draft, resolve=True))
 
 
 def load_vocab_maps(d2t_file: Path, t2d_file: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +75,6 @@ def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list)
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
-
     from eagle3.draft.progress import ProgressLines, interactive
 
     every = int(t.checkpoint_every_n_steps)
@@ -87,7 +90,8 @@ def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list)
     devices = t.devices if not isinstance(t.devices, str) or t.devices == "auto" else int(t.devices)
     return L.Trainer(
         accelerator=t.accelerator, devices=devices, strategy=t.strategy,
-        precision=resolve_precision(str(t.precision), str(t.accelerator)),
+        # One of draft.options.PRECISIONS (validated), all of which Lightning's literal type lists.
+        precision=resolve_precision(str(t.precision), str(t.accelerator)),  # type: ignore[arg-type]
         max_epochs=int(t.max_epochs), max_steps=int(t.max_steps),
         gradient_clip_val=float(t.grad_clip) if t.grad_clip else None,
         logger=loggers or False, callbacks=all_callbacks, plugins=[AtomicCheckpointIO()],
@@ -149,7 +153,7 @@ def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[
     embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache,
                                           text_config_key=m.text_config_key)
     d2t, t2d = vocab_maps
-    module = DraftModule(geometry, head, OmegaConf.to_container(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
+    module = DraftModule(geometry, head, config_dict(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
                            seed=int(cfg.seed), num_workers=int(t.num_workers))
     ckpt_dir = unit_dir / CHECKPOINT_DIR

@@ -10,8 +10,9 @@ the first, stage train leaves out the engines that refuse, and config validation
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -107,6 +108,7 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
     head_dim = hidden // heads if reshaped else int(target_cfg.get("head_dim") or hidden // heads)
     theta, _ = _rope(target_cfg)
     capture = tuple(int(i) for i in capture_layers)
+    variants: dict[str, Any] = {name: bool(o.get(name, False)) for name in LAYER_VARIANTS}
     return DraftGeometry(
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -121,9 +123,10 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
         rms_norm_eps=float(target_cfg.get("rms_norm_eps", 1e-5)),
         rope_theta=float(o.get("rope_theta") or theta),
         rope_scaling=None,
-        max_position_embeddings=int(o.get("max_position_embeddings") or target_cfg.get("max_position_embeddings", 4096)),
+        max_position_embeddings=int(o.get("max_position_embeddings")
+                                    or target_cfg.get("max_position_embeddings", 4096)),
         hidden_act=str(target_cfg.get("hidden_act", "silu")),
-        **{name: bool(o.get(name, False)) for name in LAYER_VARIANTS},
+        **variants,
     )
 
 

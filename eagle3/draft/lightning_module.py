@@ -8,7 +8,8 @@ whole eval split (and over ranks) before they are logged, so they are one figure
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -43,12 +44,15 @@ class DraftModule(L.LightningModule):
             optimizer with `_target_`, warmup_ratio, ...).
     """
 
+    teacher_head: torch.Tensor  # a buffer (register_buffer), declared for the type checker
+
     def __init__(self, geometry: DraftGeometry, head: torch.Tensor, train_cfg: Mapping[str, Any],
                  embed: torch.Tensor | None = None, d2t: torch.Tensor | None = None,
                  t2d: torch.Tensor | None = None) -> None:
         super().__init__()
         self.draft = Eagle3Draft(geometry)
         if embed is not None:
+            assert d2t is not None and t2d is not None, "embed, d2t and t2d are given together"
             self.draft.init_from_target(embed, head, d2t, t2d)
         self.register_buffer("teacher_head", head.float(), persistent=False)
         self.cfg = dict(train_cfg)
@@ -105,7 +109,8 @@ class DraftModule(L.LightningModule):
         sums = {k: self._eval_sums.get(k, torch.zeros(self.steps, device=self.device)) for k in
                 ("loss_sum", "loss_tokens", "correct", "counted")}
         if self.trainer.world_size > 1:
-            sums = {k: self.all_gather(v).sum(0) for k, v in sums.items()}
+            # all_gather of a tensor is a tensor (its declared type also covers collections)
+            sums = {k: cast(torch.Tensor, self.all_gather(v)).sum(0) for k, v in sums.items()}
         step_loss = sums["loss_sum"] / sums["loss_tokens"].clamp(min=1)
         acc = sums["correct"] / sums["counted"].clamp(min=1)
         decay = float(self.cfg["ttt_decay"])
@@ -116,7 +121,8 @@ class DraftModule(L.LightningModule):
         sim = simulated_accept_length(acc)
         metrics["eval/sim_accept_len"] = torch.tensor(sim)
         self.log_dict(metrics, sync_dist=False)
-        self.last_eval = {"acc": [round(float(a), 5) for a in acc], "step_loss": [round(float(x), 5) for x in step_loss],
+        self.last_eval = {"acc": [round(float(a), 5) for a in acc],
+                          "step_loss": [round(float(x), 5) for x in step_loss],
                           "sim_accept_len": round(sim, 4), "counted": [int(c) for c in sums["counted"]],
                           "epoch": int(self.current_epoch), "global_step": int(self.global_step)}
 

@@ -20,7 +20,7 @@ fc; `norm_before_residual` makes the residual `hidden_norm(hidden)`; `norm_outpu
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -102,6 +102,9 @@ class Eagle3Draft(nn.Module):
     target id j is in the draft vocab.
     """
 
+    d2t: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    t2d: torch.Tensor
+
     def __init__(self, g: DraftGeometry) -> None:
         super().__init__()
         self.geometry = g
@@ -170,7 +173,7 @@ class Eagle3Draft(nn.Module):
             aux = self.input_norm(aux)
         if self.fc_norm is not None:
             chunks = aux.chunk(len(self.fc_norm), dim=-1)  # C x [..., H_t]
-            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(aux)
 
     def carry(self, state: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ Instantiated through `train.optimizer._target_` with named parameters.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -59,7 +59,8 @@ class MuonAdamW(torch.optim.Optimizer):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
                  muon_lr: float | None = None, muon_momentum: float = 0.95, muon_weight_decay: float = 0.1,
                  ns_steps: int = 5, ns_dtype: str = "auto") -> None:
-        muon, adamw = [], []
+        muon: list[torch.Tensor] = []
+        adamw: list[torch.Tensor] = []
         for item in params:
             if not isinstance(item, (tuple, list)) or len(item) != 2:
                 raise TypeError("MuonAdamW takes (name, parameter) pairs, e.g. module.named_parameters()")
@@ -94,8 +95,10 @@ class MuonAdamW(torch.optim.Optimizer):
     def _muon_update(self, p: torch.Tensor, group: dict) -> None:
         state = self.state[p]
         buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
-        buf.lerp_(p.grad, 1 - group["momentum"])
-        update = orthogonalize(p.grad.lerp(buf, group["momentum"]), group["ns_steps"],  # Nesterov
+        grad = p.grad
+        assert grad is not None  # step() updates only parameters that have a gradient
+        buf.lerp_(grad, 1 - group["momentum"])
+        update = orthogonalize(grad.lerp(buf, group["momentum"]), group["ns_steps"],  # Nesterov
                                dtype=self._ns_dtype(p))
         lr = group["lr"] * 0.2 * math.sqrt(max(p.shape))
         p.mul_(1 - group["lr"] * group["weight_decay"])

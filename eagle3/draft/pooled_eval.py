@@ -6,17 +6,19 @@ figures reported for a draft (manifests, eval report) pool the counts instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import Dataset
 
 from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.data import collate_padded, fetch, plan_token_batches
 
+if TYPE_CHECKING:
+    from eagle3.extract.dataset import SplitDataset
+
 
 @torch.no_grad()
-def evaluate_pooled(module, dataset: Dataset, batch_tokens: int) -> dict[str, Any]:
+def evaluate_pooled(module, dataset: SplitDataset, batch_tokens: int) -> dict[str, Any]:
     """Per-step agreement, KL and simulated accept length of `module` (a DraftModule) on `dataset`."""
     steps = module.steps
     correct, counted = torch.zeros(steps), torch.zeros(steps)

@@ -44,8 +44,9 @@ is the marginal rate, and `1 + sum_i marginal_i` is the untruncated accept lengt
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -350,7 +351,7 @@ ACCEPT_LENGTH_DEFINITION = ("output tokens committed by verify forwards / verify
 
 def _rates(num: Sequence[int], den: Sequence[int] | int) -> list[float]:
     dens = [den] * len(num) if isinstance(den, int) else list(den)
-    return [float(a) / d if d else 0.0 for a, d in zip(num, dens)]
+    return [float(a) / d if d else 0.0 for a, d in zip(num, dens, strict=True)]
 
 
 def evaluate_speculative(target, draft, prompts: Sequence[Sequence[int]], ks: Sequence[int] = (3, 5),
@@ -389,7 +390,7 @@ def evaluate_speculative(target, draft, prompts: Sequence[Sequence[int]], ks: Se
         for k in ks:
             results = [speculative_generate(target, drafter, p, max_new_tokens, k, eos, capture_layers)
                        for p in prompts]
-            mismatches = [i for i, (b, s) in enumerate(zip(baseline, results)) if b.tokens != s.tokens]
+            mismatches = [i for i, (b, s) in enumerate(zip(baseline, results, strict=True)) if b.tokens != s.tokens]
             verifies = sum(r.verify_forwards for r in results)
             verify_tokens = sum(r.verify_tokens for r in results)
             tokens = sum(len(r.tokens) for r in results)

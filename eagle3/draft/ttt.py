@@ -168,7 +168,7 @@ class _SoftTargetLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,  # type: ignore[override]
+    def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
                 neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str = LOSS_KL
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         want_grad = ctx.needs_input_grad[0]
@@ -210,7 +210,7 @@ class _SoftTargetLoss(torch.autograd.Function):
         return total, pred
 
     @staticmethod
-    def backward(ctx, grad_total: torch.Tensor, grad_pred: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_total: torch.Tensor, grad_pred: torch.Tensor):
         (grad,) = ctx.saved_tensors
         return grad * grad_total.to(grad.dtype), None, None, None, None, None
 
@@ -251,6 +251,8 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     values: list[torch.Tensor] = []
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
+    neg_entropy = teacher.neg_entropy
+    assert neg_entropy is not None  # set by Teacher.__post_init__
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         keys.append(k)
@@ -277,7 +279,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target = teacher.argmax[b_idx, t_idx + shift]  # [N]
         rows = teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
-        args = (draft, state[b_idx, t_idx], teacher.probs, rows, teacher.neg_entropy, weight.float(), loss)
+        args = (draft, state[b_idx, t_idx], teacher.probs, rows, neg_entropy, weight.float(), loss)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
             loss_sum, pred = checkpoint(_loss_terms, *args, use_reentrant=False)

@@ -18,6 +18,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -69,7 +70,8 @@ def trainer_proxy_rate(hidden: int, n_capture: int, target_vocab: int, draft_voc
     )
 
     heads = max(hidden // 64, 1)
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads,
+    # attn_implementation is one of the extra kwargs transformers' config dataclass takes but does not declare.
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=heads,  # type: ignore[call-arg]
                          num_key_value_heads=heads, max_position_embeddings=seq, attn_implementation="sdpa")
     fc, layer = torch.nn.Linear(n_capture * hidden, hidden), LlamaDecoderLayer(config, 0)
     rope = LlamaRotaryEmbedding(config)
@@ -82,7 +84,8 @@ def trainer_proxy_rate(hidden: int, n_capture: int, target_vocab: int, draft_voc
     for _ in range(runs):
         with torch.no_grad():
             target = teacher(final).softmax(-1)[..., :draft_vocab]  # [1, T, draft_vocab]
-        h, loss = fc(aux), 0.0
+        h = fc(aux)
+        loss: Any = 0.0  # a tensor once a step has run
         for _ in range(steps):
             h = layer(h, position_embeddings=rotary, position_ids=pos)
             loss = loss - (target * head(h).log_softmax(-1)).sum()

@@ -17,7 +17,7 @@ composition they equal transformers' own hidden states bit for bit (tests pin bo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ class LayerCapture:
         return aux, final
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(seqs: Sequence[Sequence[int] | np.ndarray], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token lists: (`input_ids [B, T]`, `attention_mask [B, T]`), T = longest."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, T]
@@ -110,7 +110,7 @@ def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torch.Ten
     return ids, mask
 
 
-def capture_samples(capture: LayerCapture, seqs: Sequence[Sequence[int]],
+def capture_samples(capture: LayerCapture, seqs: Sequence[Sequence[int] | np.ndarray],
                     pad_id: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run one padded batch and cut it back into samples: [(`aux [n, C*H]`, `final [n, H]`)]."""
     ids, mask = pad_batch(seqs, pad_id)
@@ -130,7 +130,7 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
     Returns:
         Lists of positions into `lengths`.
     """
-    if any(a < b for a, b in zip(lengths, lengths[1:])):
+    if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
         raise ValueError("plan_batches needs lengths sorted longest first")
     batches: list[list[int]] = []
     for pos, _ in enumerate(lengths):

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import IO, Any, Optional
 
 import numpy as np
 import torch
@@ -34,7 +35,31 @@ class StatesNotStored(Eagle3Error):
     """Samples a split needs are not in the hidden-state store; the message says which and what to run."""
 
 
-class HiddenStateDataset(Dataset):
+class SplitDataset(Dataset):
+    """Samples of one merged split file, each line re-read at its byte offset (one handle per process).
+
+    Attributes:
+        split_file: The merged `train.jsonl` / `eval.jsonl`.
+        lengths: `[N]` token counts of the samples, for the length-bucketing samplers (`eagle3.draft.data`).
+    """
+
+    split_file: Path
+    lengths: np.ndarray
+    _offsets: np.ndarray
+    _fh: Optional[IO[bytes]]
+    _pid: int
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def _record(self, index: int) -> dict[str, Any]:
+        if self._fh is None or os.getpid() != self._pid:
+            self._fh, self._pid = open(self.split_file, "rb"), os.getpid()
+        self._fh.seek(int(self._offsets[index]))
+        return json.loads(self._fh.readline())
+
+
+class HiddenStateDataset(SplitDataset):
     """Samples of one merged split with their stored hidden states.
 
     Items are dicts of tensors: `input_ids [T]` int64, `loss_mask [T]` int64, `aux [T, C*H]`,
@@ -112,12 +137,6 @@ class HiddenStateDataset(Dataset):
     def __len__(self) -> int:
         return len(self.keys)
 
-    def _record(self, index: int) -> dict[str, Any]:
-        if self._fh is None or os.getpid() != self._pid:
-            self._fh, self._pid = open(self.split_file, "rb"), os.getpid()
-        self._fh.seek(int(self._offsets[index]))
-        return json.loads(self._fh.readline())
-
     def __getitem__(self, index: int) -> dict[str, Any]:
         record = self._record(index)
         key = self.keys[index]
@@ -145,7 +164,7 @@ class HiddenStateDataset(Dataset):
         return state
 
 
-class OnlineStateDataset(Dataset):
+class OnlineStateDataset(SplitDataset):
     """Samples of one merged split whose states a source computes when their batch is fetched.
 
     Same items as HiddenStateDataset; the DataLoader fetches a batch with `__getitems__`, so the
@@ -176,11 +195,6 @@ class OnlineStateDataset(Dataset):
         self._pid = os.getpid()
         self._source: Any = None
 
-    def __len__(self) -> int:
-        return len(self._offsets)
-
-    _record = HiddenStateDataset._record
-
     @property
     def source(self) -> Any:
         if self._source is None:
@@ -201,7 +215,7 @@ class OnlineStateDataset(Dataset):
         records = [self._record(int(i)) for i in indices]
         results = self.source.states([np.asarray(r["input_ids"], dtype=np.int64) for r in records])
         items = []
-        for record, result in zip(records, results):
+        for record, result in zip(records, results, strict=True):
             missing = isinstance(result[0], str)
             if missing or not (torch.isfinite(result[0]).all() and torch.isfinite(result[1]).all()):
                 why = f"{result[0]}: {result[1]}" if missing else "NaN/Inf in its states"

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -66,7 +68,7 @@ class UnitJob:
     vocab_size: int
     disk_margin_gb: float
     assume_free_bytes: Optional[int]
-    open_source: Callable[[], ContextManager[Any]]
+    open_source: Callable[[], AbstractContextManager[Any]]
     save_file: Optional[Callable[..., None]] = None
 
 
@@ -127,7 +129,9 @@ def run_extraction(job: UnitJob, out: StageOutput) -> dict[str, Any]:
             problem = record_problem(record, job.vocab_size)
             if problem is not None:
                 out.reject(rid, problem[0], problem[1], split=split)
-            elif key in store:
+                continue
+            assert key is not None  # record_problem refuses the records whose input_ids are not token ids
+            if key in store:
                 if store.input_ids(key).tolist() != ids:
                     out.reject(rid, "stored_ids_mismatch", f"store entry {key} holds other token ids", split=split)
                 else:
@@ -161,7 +165,7 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
             results = source.states([w.input_ids for w in items])
             encoded: dict[str, tuple[codec.Encoded, int]] = {}
             rejected: list[tuple[Work, str, str]] = []
-            for w, result in zip(items, results):
+            for w, result in zip(items, results, strict=True):
                 if isinstance(result[0], str):  # (reason, detail): the source has no states for it
                     rejected.append((w, result[0], result[1]))
                     continue

@@ -22,8 +22,9 @@ import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Union
+from typing import Any, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -77,7 +78,7 @@ class HFStates:
         self.counters["seconds"] += time.perf_counter() - started
         self.counters["prompts"] += len(seqs)
         self.counters["tokens"] += sum(len(s) for s in seqs)
-        return results
+        return list(results)  # as list[States]
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, **self.counters}

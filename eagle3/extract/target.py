@@ -95,7 +95,7 @@ def load_target(path: str, *, dtype: str, trust_remote_code: bool, revision: Opt
         log.info("AutoModelForCausalLM cannot load %s (%s); trying AutoModel", path, str(exc).splitlines()[0])
         model = AutoModel.from_pretrained(path, **kwargs)
     if not device_map:
-        model.to("cuda" if torch.cuda.is_available() else "cpu")
+        model.to("cuda" if torch.cuda.is_available() else "cpu")  # type: ignore[arg-type]  # transformers' @wraps(nn.Module.to) types .to unbound
     model.eval()
     parts = find_decoder(model, text_config_key)
     log.info("target %s: %d decoder layers, hidden %d, %s on %s", path, len(parts.layers),

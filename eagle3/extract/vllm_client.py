@@ -20,9 +20,10 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -127,7 +128,8 @@ class VLLMStates:
             except HTTPFailure as exc:
                 if time.monotonic() >= deadline:
                     raise ServerDown(f"extract.server: {self.urls[0]} did not answer within "
-                                     f"{self.settings.connect_wait_s:g} s (extract.http.connect_wait_s): {exc}") from None
+                                     f"{self.settings.connect_wait_s:g} s (extract.http.connect_wait_s): "
+                                     f"{exc}") from None
                 await asyncio.sleep(1.0)
 
     def close(self) -> None:

@@ -13,9 +13,10 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 

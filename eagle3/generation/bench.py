@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     backend = HFBackend(args.model)
     backend.load()
     for bs in (int(x) for x in args.batch_sizes.split(",")):
-        requests = [GenerationRequest(id=str(i), messages=[{"role": "user", "content": f"What does json.dumps do? ({i})"}])
+        requests = [GenerationRequest(id=str(i),
+                                      messages=[{"role": "user", "content": f"What does json.dumps do? ({i})"}])
                     for i in range(bs)]
         backend.generate(requests, SamplingParams(max_new_tokens=4, temperature=0.6, top_p=0.95))  # warm-up
         start = time.perf_counter()

@@ -9,7 +9,8 @@ and choosing `vllm` never imports torch. Each backend builds itself from the con
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from eagle3.generation.types import GenerationBackend
 from eagle3.serving.engines import ENGINES, IN_PROCESS
@@ -22,7 +23,7 @@ _HTTP = "eagle3.generation.http_backend:HTTPBackend"
 BACKENDS: dict[str, str] = {IN_PROCESS: _HF, **{engine: _HTTP for engine in ENGINES}}
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> type[GenerationBackend]:
     """The class behind `server.backend=name` (imported now)."""
     if name not in BACKENDS:
         raise ValueError(f"server.backend={name!r} is not a generation backend; valid: {', '.join(BACKENDS)}")

@@ -14,7 +14,8 @@ disturbing the caller's random state.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -100,14 +101,14 @@ class HFBackend:
                 "dtype": self.dtype, "device": self.device}
 
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "HFBackend":
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> HFBackend:
         """The configured target (`model.*`), loaded in this process on first use; `urls` is unused."""
         model = cfg.model
         return cls(path=str(model.path), revision=model.revision, dtype=str(model.dtype),
                    trust_remote_code=bool(model.trust_remote_code))
 
     @classmethod
-    def from_loaded(cls, model: Any, tokenizer: Any) -> "HFBackend":
+    def from_loaded(cls, model: Any, tokenizer: Any) -> HFBackend:
         """A backend around a model and tokenizer the caller already loaded (and caches)."""
         backend = cls(path=str(getattr(model, "name_or_path", "")), dtype=str(model.dtype).removeprefix("torch."),
                       device=str(model.device))
@@ -123,7 +124,7 @@ class HFBackend:
         common = {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
         tokenizer = AutoTokenizer.from_pretrained(self.path, **common)
         model = AutoModelForCausalLM.from_pretrained(self.path, dtype=torch_dtype(self.dtype), **common)
-        self._attach(model.to(self.device).eval(), tokenizer)
+        self._attach(model.to(self.device).eval(), tokenizer)  # type: ignore[arg-type]  # transformers' @wraps(nn.Module.to) types .to unbound
         log.info("hf backend: loaded %s (%s, %s), end token id %s, context %s",
                  self.path, self.dtype, self.device, self.end_id, self.context_length)
 
@@ -167,7 +168,7 @@ class HFBackend:
                                           finish_reason=FINISH_LENGTH, error="prompt_too_long")
         if runnable:
             completions = self._generate([ids[i] for i in runnable], params)
-            for i, (tokens, n_tokens) in zip(runnable, completions):
+            for i, (tokens, n_tokens) in zip(runnable, completions, strict=True):
                 results[i] = self._result(requests[i], texts[i], tokens, n_tokens, len(ids[i]))
         return [r for r in results if r is not None]
 

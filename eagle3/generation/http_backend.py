@@ -45,7 +45,8 @@ import math
 import random
 import time
 from collections import Counter
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from eagle3.generation.http_settings import ROUND_ROBIN, HTTPSettings, Partition
 from eagle3.generation.openai_chat import (
@@ -155,7 +156,7 @@ class HTTPBackend:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "HTTPBackend":
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> HTTPBackend:
         """The backend for `cfg.server.backend` at `urls` (None = `server.urls`), with `generate.http`'s knobs.
 
         Raises:
@@ -197,17 +198,17 @@ class HTTPBackend:
         total = sum(self._capacity(p) for p in self._partitions)
         self._client = Client(limit=total + 8)
         self._semaphores = {p: asyncio.Semaphore(self._capacity(p)) for p in self._partitions}
-        await self._probe()
+        await self._probe(self._client)
         self._started_at = time.perf_counter()
 
-    async def _probe(self) -> None:
+    async def _probe(self, client: Client) -> None:
         """Wait (up to connect_wait_s) until an endpoint answers /v1/models; learn the model name."""
         deadline = time.monotonic() + self.settings.connect_wait_s
         last: dict[str, str] = {}
 
         async def probe(ep: _Endpoint) -> Optional[str]:
             try:
-                name = await served_model(self._client, ep.url, timeout=_PROBE_TIMEOUT_S)
+                name = await served_model(client, ep.url, timeout=_PROBE_TIMEOUT_S)
             except HTTPFailure as exc:  # not answering, or 5xx: not serving yet
                 last[ep.url] = str(exc)[:ERROR_TEXT_CHARS]
                 ep.alive = False
@@ -385,6 +386,7 @@ class HTTPBackend:
 
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
                                         sock_connect=self.settings.connect_timeout_s)
+        assert self._client is not None  # opened by _start, before any request is sent
         endpoint.inflight += 1
         endpoint.requests += 1
         self.inflight += 1

@@ -6,8 +6,9 @@ defaults in `eagle3.config.schema.GenerateHTTPConfig`): this module holds no def
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = ["ENDPOINT_STRATEGIES", "HTTPSettings", "LEAST_BUSY", "Partition", "ROUND_ROBIN"]
 
@@ -63,11 +64,13 @@ class HTTPSettings:
         return tuple(sorted(self.partitions, key=lambda p: (p.max_context is None, p.max_context or 0)))
 
     @classmethod
-    def from_config(cls, http: Any, *, urls: Sequence[str], backend: str, fallback_model: str) -> "HTTPSettings":
+    def from_config(cls, http: Any, *, urls: Sequence[str], backend: str, fallback_model: str) -> HTTPSettings:
         """Settings from a `generate.http` node (composed config or schema defaults)."""
         from omegaconf import OmegaConf
 
-        plain = OmegaConf.to_container(http, resolve=True) if OmegaConf.is_config(http) else dict(http)
+        from eagle3.config_dict import config_dict
+
+        plain = config_dict(http, resolve=True) if OmegaConf.is_config(http) else dict(http)
         return cls(
             urls=tuple(str(u) for u in urls), backend=str(backend), model=plain["model"],
             fallback_model=str(fallback_model),
@@ -83,7 +86,7 @@ class HTTPSettings:
             extra_body=dict(plain["extra_body"] or {}))
 
     @classmethod
-    def defaults(cls, urls: Sequence[str], backend: str = "vllm", fallback_model: str = "default") -> "HTTPSettings":
+    def defaults(cls, urls: Sequence[str], backend: str = "vllm", fallback_model: str = "default") -> HTTPSettings:
         """The schema's defaults for `urls` (scripts and tests that compose no config)."""
         from omegaconf import OmegaConf
 

@@ -17,7 +17,8 @@ import hashlib
 import json
 import math
 import re
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from eagle3.artifacts.records import unencodable_text
 from eagle3.generation.types import (
@@ -76,7 +77,7 @@ def request_seed(batch_seed: int, request_id: str) -> int:
     Servers seed each request separately; one seed for the whole batch would give every request
     the same stream of random numbers. 31 bits, which every engine's seed field accepts.
     """
-    digest = hashlib.sha256(f"{batch_seed}\x1f{request_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{batch_seed}\x1f{request_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**31 - 1)
 
 
@@ -202,8 +203,8 @@ def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
         raise BadResponse(f"the server ended the request with finish_reason={finish!r}")
     message = to_message(raw, request.thinking)
     usage = data.get("usage") or {}
-    tokens = {"completion_tokens": int(usage.get("completion_tokens") or 0),
-              "prompt_tokens": int(usage.get("prompt_tokens") or 0)}
+    tokens: dict[str, Any] = {"completion_tokens": int(usage.get("completion_tokens") or 0),
+                              "prompt_tokens": int(usage.get("prompt_tokens") or 0)}
     if finish not in FINISH_REASONS:
         return GenerationResult(id=request.id, error=ERROR_UNKNOWN_FINISH, error_detail=f"finish_reason={finish!r}",
                                 **tokens)

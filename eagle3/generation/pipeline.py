@@ -31,9 +31,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
@@ -64,7 +66,8 @@ def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
     """Counters over everything in the output files (earlier runs' work included)."""
     writer.flush()
     out.rejects.flush()
-    finish, ended = Counter(), Counter()
+    finish: Counter[str] = Counter()
+    ended: Counter[str] = Counter()
     tokens = turns = kept_cut = 0
     for path, is_output in ((writer.partial_path, True), (out.rejects.partial_path, False)):
         if not path.exists():
@@ -76,6 +79,7 @@ def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
                 tokens += turn["completion_tokens"]
                 turns += 1
             if is_output:
+                assert generation is not None  # every output record carries its meta.generation
                 ended[generation["ended"]] += 1
                 kept_cut += bool(record["meta"].get("truncated"))
     return {"finish": dict(sorted(finish.items())), "ended": dict(sorted(ended.items())),
@@ -127,7 +131,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
     inflight = inflight_batches(cfg, backend)
     live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
     log_every = float(cfg.generate.http.log_every_s)
-    run = Counter()
+    run: Counter[str] = Counter()
     rank: dict[Any, int] = {}  # id -> position in the source: the order both files end in
     failed: list[Any] = []  # details of conversations left undone by failed requests
     stopped: Optional[BackendUnavailable] = None
@@ -150,6 +154,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
             if outcome.record is not None:
                 writer.write(outcome.record)
             else:
+                assert outcome.reason is not None  # an outcome without a record is a reject, which says why
                 out.reject(outcome.id, outcome.reason, outcome.detail, source=unit,
                            generation=outcome.generation)
         if generated:
@@ -217,7 +222,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
                     first_run = time.perf_counter()
                 done = {r["id"] for r in fresh if out.is_done(r["id"])}  # not sent again where they need not be
                 if executor is None:
-                    write(len(batch), fresh, outcomes_of(lambda: regenerate_batch(backend, fresh, settings, done)))
+                    write(len(batch), fresh, outcomes_of(partial(regenerate_batch, backend, fresh, settings, done)))
                     if stopped is not None:
                         break
                     continue

@@ -19,8 +19,10 @@ conversation is fine, and a rerun regenerates it.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Optional, Sequence
+from typing import Any, Optional
 
 from eagle3.generation.types import (
     ERROR_PROMPT_TOO_LONG,
@@ -169,7 +171,7 @@ class _Conversation:
         answered = sum(1 for m in self.messages if m["role"] == "user")
         self.generation.update(turns=self.turn_meta, ended=ended,
                                dropped_user_turns=len(self.turns) - answered)
-        record = {k: self.record[k] for k in ("id", "source", "track") if k in self.record}
+        record: dict[str, Any] = {k: self.record[k] for k in ("id", "source", "track") if k in self.record}
         record["messages"] = self.messages
         if self.record.get("tools"):
             record["tools"] = self.record["tools"]
@@ -248,7 +250,7 @@ def regenerate_batch(backend: GenerationBackend, records: Sequence[dict[str, Any
             results = backend.generate([c.request(turn) for c in active], params)
         except BackendUnavailable as exc:
             raise BatchInterrupted(exc, [c.outcome for c in convs if c.outcome is not None]) from exc
-        for conv, result in zip(active, results):
+        for conv, result in zip(active, results, strict=True):
             conv.apply(turn, result)
     assert all(c.outcome is not None for c in convs), "a conversation neither finished nor was rejected"
     return [c.outcome for c in convs]  # type: ignore[misc]

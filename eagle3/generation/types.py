@@ -27,8 +27,9 @@ finish reason, bytes that are not UTF-8) is not down: that conversation is rejec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from eagle3.errors import Eagle3Error
 
@@ -155,7 +156,7 @@ class GenerationBackend(Protocol):
     independent_requests: bool
 
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> "GenerationBackend":
+    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
         """The backend for a composed config (nothing loaded or connected yet).
 
         Args:

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS_STOPPED, Manifest
 from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
+from eagle3.config_dict import config_dict
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.draft.geometry import config_geometry
 from eagle3.draft.options import ONLINE
@@ -157,7 +158,7 @@ class Planner:
             if copied:
                 row.figures["copied_from_earlier"] = Figure(
                     copied, "actual", "conversations whose batches earlier generate outputs ran under this config")
-                to_generate = figures.derive(samples.value - copied if samples.known else None, samples,
+                to_generate = figures.derive(samples.value - copied if samples.value is not None else None, samples,
                                               basis=samples.basis, note="prepped conversations not copied")
         one, every = figures.generated_tokens(to_generate, int(gen.max_new_tokens), int(gen.max_user_turns))
         if m and "tokens_generated" in m.counts:
@@ -197,8 +198,10 @@ class Planner:
             train, evl = figures.mix_split(figures.total(s for s, _ in self.tokenized.values()),
                                             data.scale, int(data.eval_size))
             toks = list(self.tokenized.values())
-            if toks and all(s.basis == t.basis == "actual" for s, t in toks) and sum(s.value for s, _ in toks):
-                mean, basis = sum(t.value for _, t in toks) / sum(s.value for s, _ in toks), "estimate"
+            measured = [(s.value, t.value) for s, t in toks
+                        if s.basis == t.basis == "actual" and s.value is not None and t.value is not None]
+            if toks and len(measured) == len(toks) and sum(n for n, _ in measured):
+                mean, basis = sum(t for _, t in measured) / sum(n for n, _ in measured), "estimate"
                 how = f"samples x {mean:,.1f} tokens/sample (mean of the tokenized sources)"
             else:
                 mean, basis, how = self.tps, "assumed", f"samples x {self.tps:,} tokens/sample"
@@ -253,7 +256,7 @@ class Planner:
                 row.figures[f"store_bytes_{fmt}_per_1k_samples"] = figures.store_bytes(
                     per_1k[fmt], Figure(1000, "config"), Figure(1000 * self.tps, "assumed"))
             row.other += " (per 1K samples: " + ", ".join(
-                f"{fmt} {_human(per_1k[fmt].total)}" for fmt in fmts) + ")"
+                f"{fmt} {_human(est.total) if est else '?'}" for fmt, est in per_1k.items()) + ")"
 
     def train(self, row: UnitPlan, m: Optional[Manifest]) -> None:
         tr = self.cfg.train
@@ -279,7 +282,7 @@ def _human(n: int) -> str:
 
 def _model_source(cfg: DictConfig) -> Optional[str]:
     """The config.json `model=auto` read the target's geometry from; None when the config spells it out."""
-    m, raw = cfg.model, OmegaConf.to_container(cfg.model, resolve=False)
+    m, raw = cfg.model, config_dict(cfg.model, resolve=False)
     if not any(CHECKPOINT_RESOLVER in str(raw[key]) for key in TARGET_KEYS):
         return None
     return str(target_config(m.path, m.revision, m.text_config_key, cfg.paths.hf_cache).file)
@@ -291,7 +294,7 @@ def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
     # No Hydra context in library use and tests: no experiment to name.
     experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
     m = cfg.model
-    g = config_geometry(OmegaConf.to_container(m, resolve=True))
+    g = config_geometry(config_dict(m, resolve=True))
     return {"experiment": experiment, "dataset": str(cfg.dataset.name), "model": str(m.name),
             "model_source": _model_source(cfg), "num_layers": int(m.num_layers), "vocab_size": int(m.vocab_size),
             "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
@@ -311,7 +314,7 @@ def _totals(planner: Planner, rows: dict[str, list[UnitPlan]]) -> dict[str, Figu
     totals.update({k: one("merge").get(k) for k in ("train_samples", "eval_samples", "train_tokens", "eval_tokens")})
     for key in ("generated_tokens_one_turn", "generated_tokens_max"):
         totals[key] = figures.total((r.figures[key] for r in gens), "sum over prompt-only sources") if gens else none
-    if gens and not totals["generated_tokens_one_turn"].known:
+    if gens and totals["generated_tokens_one_turn"] is not None and not totals["generated_tokens_one_turn"].known:
         parts = [r.figures.get("generated_tokens_at_share", r.figures["generated_tokens_one_turn"]) for r in gens]
         totals["generated_tokens_at_share"] = figures.total(parts, "per answered turn if each prompt-only source "
                                                                     "supplied only its merge share")

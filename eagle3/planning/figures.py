@@ -11,9 +11,10 @@ the plan and the extract stage's own preflight can never disagree.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
 from eagle3.extract import formats, preflight
 
@@ -38,12 +39,12 @@ class Figure:
     """A count with the reason to believe it.
 
     Attributes:
-        value: The number, or None when it cannot be known yet.
+        value: The number (a count; a measured rate is tokens/s), or None when it cannot be known yet.
         basis: One of BASES.
         note: Where the number comes from, for the reader of plan.json / plan.md.
     """
 
-    value: Optional[int]
+    value: Optional[float]
     basis: str
     note: str = ""
 
@@ -78,9 +79,10 @@ def derive(value: Optional[float], *parts: Figure, basis: str = "actual", note: 
 def total(figures: Iterable[Figure], note: str = "") -> Figure:
     """Sum of figures (unknown if any is unknown)."""
     figures = list(figures)
-    if any(not f.known for f in figures):
+    values = [f.value for f in figures if f.value is not None]
+    if len(values) < len(figures):
         return unknown(note)
-    return derive(sum(f.value for f in figures), *figures, note=note)
+    return derive(sum(values), *figures, note=note)
 
 
 def at_most(upstream: Figure, note: str) -> Figure:
@@ -96,7 +98,7 @@ def prep_samples(num_samples: Optional[int], raw: Optional[Figure]) -> Figure:
         raw: The demo_data count for generated sources (None for hub / local files, whose size
             this plan does not look up: that would mean a download).
     """
-    if raw is not None and raw.known:
+    if raw is not None and raw.value is not None:
         value = raw.value if num_samples is None else min(num_samples, raw.value)
         return derive(value, raw, basis="bound", note="num_samples of the demo_data records, after prep's filters")
     if num_samples is not None:
@@ -110,7 +112,7 @@ def mix_split(pool: Figure, scale: Optional[int], eval_size: int) -> tuple[Figur
     The eval split is taken first and is the same at every scale; train is the first `scale` of
     the rest (nested order, `eagle3.data.mixture`). Dedupe across sources can only lower both.
     """
-    if not pool.known:
+    if pool.value is None:
         eval_fig = Figure(eval_size, "config", "data.eval_size")
         if scale is None:
             return unknown("data.scale is null (everything) and a source's size is unknown"), eval_fig
@@ -137,7 +139,7 @@ def merge_shares(weights: dict[str, float], samples: Optional[int]) -> dict[str,
 
 def tokens_of(samples: Figure, per_sample: float, basis: str, note: str) -> Figure:
     """Tokens of `samples` at a mean length (assumed, or measured on other data)."""
-    return derive(None if not samples.known else samples.value * per_sample, samples, basis=basis, note=note)
+    return derive(None if samples.value is None else samples.value * per_sample, samples, basis=basis, note=note)
 
 
 def generated_tokens(samples: Figure, max_new_tokens: int, max_user_turns: int) -> tuple[Figure, Figure]:
@@ -147,9 +149,9 @@ def generated_tokens(samples: Figure, max_new_tokens: int, max_user_turns: int) 
     `generate.max_new_tokens` tokens; most prompts have one turn, so the first figure is the
     useful one and the second the hard ceiling.
     """
-    one = derive(None if not samples.known else samples.value * max_new_tokens, samples, basis="bound",
+    one = derive(None if samples.value is None else samples.value * max_new_tokens, samples, basis="bound",
                  note=f"samples x generate.max_new_tokens={max_new_tokens:,}, per answered user turn")
-    every = derive(None if not samples.known else samples.value * max_new_tokens * max_user_turns, samples,
+    every = derive(None if samples.value is None else samples.value * max_new_tokens * max_user_turns, samples,
                    basis="bound", note=f"x generate.max_user_turns={max_user_turns} turns per conversation")
     return one, every
 
@@ -163,9 +165,9 @@ def vocab_bytes(draft_vocab: int, target_vocab: int) -> Figure:
 def store_estimates(samples: Figure, tokens: Figure, hidden: int, n_capture: int,
                     fmts: Iterable[str]) -> dict[str, Optional[preflight.Estimate]]:
     """The preflight's estimate per storage format (None when samples or tokens are unknown)."""
-    if not (samples.known and tokens.known):
+    if samples.value is None or tokens.value is None:
         return {fmt: None for fmt in fmts}
-    return {fmt: preflight.estimate(fmt, samples.value, tokens.value, hidden, n_capture) for fmt in fmts}
+    return {fmt: preflight.estimate(fmt, int(samples.value), int(tokens.value), hidden, n_capture) for fmt in fmts}
 
 
 def store_bytes(est: Optional[preflight.Estimate], samples: Figure, tokens: Figure) -> Figure:
@@ -182,13 +184,13 @@ def token_epochs(train_tokens: Figure, max_epochs: int, max_steps: int) -> Figur
     note = f"train.max_epochs={max_epochs} x train tokens"
     if max_steps > 0:
         note += f"; train.max_steps={max_steps} may stop earlier"
-    return derive(None if not train_tokens.known else train_tokens.value * max_epochs, train_tokens,
+    return derive(None if train_tokens.value is None else train_tokens.value * max_epochs, train_tokens,
                   basis="bound" if max_steps > 0 else "actual", note=note)
 
 
 def decode_tokens(eval_samples: Figure, num_prompts: int, max_new_tokens: int, n_ks: int) -> Figure:
     """Tokens eval decodes for real: a greedy baseline plus one speculative run per K, per prompt."""
-    prompts = min(num_prompts, eval_samples.value) if eval_samples.known else num_prompts
+    prompts = min(num_prompts, eval_samples.value) if eval_samples.value is not None else num_prompts
     return Figure(prompts * max_new_tokens * (1 + n_ks), "bound",
                   f"{prompts} prompts x eval.max_new_tokens={max_new_tokens} x (baseline + {n_ks} K)")
 

@@ -40,7 +40,8 @@ def forward_passes(mode: str, train: Figure, evl: Figure, max_epochs: int, max_s
     note = (f"train x train.max_epochs={max_epochs} + eval x "
             + (f"{evals} (every {eval_every_n_epochs} epochs, the closing pooled eval, the eval stage)"
                if evals is not None else "(validations: train.max_steps decides the epochs)"))
-    value = None if not (train.known and evl.known) or evals is None else train.value * max_epochs + evl.value * evals
+    value = (None if train.value is None or evl.value is None or evals is None
+             else train.value * max_epochs + evl.value * evals)
     return figures.derive(value, train, evl, basis="bound" if max_steps > 0 else "actual", note=note)
 
 
@@ -54,7 +55,8 @@ def dry_run_lines(cfg: DictConfig) -> list[str]:
     evl = Figure(int(data.eval_size) * tps, "assumed")
     args = (int(tr.max_epochs), int(tr.max_steps), int(tr.eval_every_n_epochs))
     once, online = forward_passes(STORE, train, evl, *args), forward_passes(ONLINE, train, evl, *args)
-    runs = (f"{online.value:,} tokens ({online.value / once.value:.2f}x)" if online.known else
+    runs = (f"{online.value:,} tokens ({online.value / once.value:.2f}x)"
+            if online.value is not None and once.value is not None else
             "train tokens x the epochs train.max_steps allows")
     lines = []
     if str(tr.hidden_states) == ONLINE:

@@ -14,7 +14,7 @@ before the 100K one - is an `estimate` and names the directory it came from.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -49,7 +49,7 @@ def _complete_manifests(stage_dir: Path) -> list[Manifest]:
 
 
 def _own_first(manifests: list[Manifest], own: Optional[Path]) -> list[Manifest]:
-    return sorted(manifests, key=lambda m: own is None or Path(m.dir) != own)  # stable: newest first after it
+    return sorted(manifests, key=lambda m: own is None or m.dir != own)  # stable: newest first after it
 
 
 class _Rates:
@@ -65,7 +65,7 @@ class _Rates:
         """`extra[key]` of the unit's own manifest if it has one, else of the newest that `applies`."""
         for m in _own_first(manifests, own):
             if applies(m) and m.extra.get(key):
-                own_unit = own is not None and Path(m.dir) == own
+                own_unit = own is not None and m.dir == own
                 return _rate(m.extra[key], "actual" if own_unit else "estimate",
                              f"{key} of {m.dir}" + ("" if own_unit else f" ({alike})"))
         return None
@@ -95,13 +95,13 @@ class _Rates:
 def _seconds(tokens: Figure, rate: Optional[Figure], note: str) -> Figure:
     if rate is None:
         return figures.unknown("no run measured this throughput yet")
-    return figures.derive(tokens.value / rate.value if tokens.known else None, tokens, rate, basis="estimate",
-                          note=note)
+    per_s = tokens.value / rate.value if tokens.value is not None and rate.value is not None else None
+    return figures.derive(per_s, tokens, rate, basis="estimate", note=note)
 
 
 def _serial_rate(a: Optional[Figure], b: Optional[Figure]) -> Optional[Figure]:
     """Tokens/s of doing both per token one after the other (no overlap: an upper bound on time)."""
-    if a is None or b is None:
+    if a is None or b is None or a.value is None or b.value is None:
         return None
     return Figure(round(1.0 / (1.0 / a.value + 1.0 / b.value), 1), "estimate",
                   f"target forward ({a.value:,} tok/s) then draft step ({b.value:,} tok/s) per token, not overlapped")
@@ -131,7 +131,8 @@ def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
 
     rates = _Rates(cfg, Path(ctx.root), states_identity(cfg))
     # The units each mode would use (train's fingerprints differ by mode; only store mode extracts).
-    mode_cfgs = {mode: OmegaConf.merge(cfg, {"train": {"hidden_states": mode}}) for mode in HIDDEN_STATE_MODES}
+    mode_cfgs = {mode: cast(DictConfig, OmegaConf.merge(cfg, {"train": {"hidden_states": mode}}))
+                 for mode in HIDDEN_STATE_MODES}
     extract_rate = rates.extract(backend, _unit_dir(EXTRACT, mode_cfgs[STORE], ctx))
     store_train_rate = rates.train(STORE, _unit_dir(TRAIN, mode_cfgs[STORE], ctx))
     online_train_rate = (rates.train(ONLINE, _unit_dir(TRAIN, mode_cfgs[ONLINE], ctx))
@@ -163,7 +164,7 @@ def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
                        for k, v in entry.items() if v is not None}
     ratio = None
     s_tok, o_tok = forward_tokens[STORE], forward_tokens[ONLINE]
-    if s_tok.known and o_tok.known and s_tok.value:
+    if o_tok.value is not None and s_tok.value:
         ratio = round(o_tok.value / s_tok.value, 2)
     return {"configured": str(tr.hidden_states), "backend": backend, "storage_format": configured_fmt,
             "modes": modes, "online_forward_ratio": ratio}

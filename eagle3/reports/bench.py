@@ -5,8 +5,9 @@ Renders the plain data `eagle3.serving.benchmark.run_benchmark` assembles.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from eagle3.reports.figures import label_bars, new_figure, png_bytes
 from eagle3.reports.files import write_report_files
@@ -54,7 +55,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if ev and ev.get("accept_length") is not None:
         rel = ev.get("relative_difference")
         lines.append(f"In-process eval at K={ev['k']}: accept length {_fmt(ev['accept_length'], 3)}"
-                     + (f"; the server's differs by {_fmt(100 * rel, 1, '%')}" if rel is not None and not failed else "")
+                     + (f"; the server's differs by {_fmt(100 * rel, 1, '%')}"
+                        if rel is not None and not failed else "")
                      + f" ({ev['dir']}).")
     elif ev:
         lines.append(f"In-process eval has no K={ev['k']} (it ran K={ev.get('ks')}).")

@@ -12,8 +12,9 @@ The report dict (what `eagle3.draft.evaluate` assembles; every key optional):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.reports.figures import new_figure, png_bytes

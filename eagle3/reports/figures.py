@@ -25,5 +25,5 @@ def png_bytes(fig: Any) -> bytes:
 
 def label_bars(ax: Any, bars: Any, values: list[float], fmt: str) -> None:
     """Each bar's value above it, formatted with `fmt` (e.g. "{:.1f}")."""
-    for bar, value in zip(bars, values):
+    for bar, value in zip(bars, values, strict=True):
         ax.annotate(fmt.format(value), (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from eagle3.artifacts import atomic_write_bytes, atomic_write_json, atomic_write_text
 

@@ -6,8 +6,9 @@ get those too, chosen by the logger's class, never by its name.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 
 def is_wandb(logger: Any) -> bool:

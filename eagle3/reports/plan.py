@@ -110,7 +110,7 @@ MODE_ROWS = (
 
 
 def _mode_cell(mode: dict, key: str, kind: str) -> str:
-    fig = mode
+    fig: Any = mode
     for part in key.split("."):
         fig = fig.get(part) if isinstance(fig, dict) else None
     if not fig or not isinstance(fig, dict) or "basis" not in fig:
@@ -144,7 +144,7 @@ def render_text(data: dict[str, Any]) -> str:
                                        "run, loaded or downloaded", ""]
     table = [(s["stage"], u) for s in data["stages"] for u in s["units"]]
     widths = [max([len(c)] + [len(_cells(s, u)[i]) for s, u in table]) for i, c in enumerate(COLUMNS)]
-    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()  # noqa: E731
     lines += [fmt(COLUMNS), fmt(["-" * w for w in widths])]
     for stage in data["stages"]:
         if not stage["units"]:
@@ -163,8 +163,8 @@ def render_text(data: dict[str, Any]) -> str:
         heads, rows = mode_rows(data["hidden_states"])
         widths = [max(len(r[i]) for r in rows + [[""] + heads]) for i in range(len(heads) + 1)]
         lines += ["", *_wrap(_mode_title(data["hidden_states"]), ""),
-                  "  " + "  ".join(c.ljust(w) for c, w in zip([""] + heads, widths)).rstrip()]
-        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+                  "  " + "  ".join(c.ljust(w) for c, w in zip([""] + heads, widths, strict=True)).rstrip()]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     disk = data["disk"]
     lines += ["", f"DISK CHECK (the extract preflight; store {disk['store_dir']})",
               f"  free {format_bytes(disk['free_bytes'])} ({disk['free_bytes']:,} B) at {disk['measured_at']}, "

@@ -8,8 +8,9 @@ it atomically into the sweep directory and copies it where asked (the report job
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from eagle3.reports.figures import new_figure, png_bytes
 from eagle3.reports.files import copy_files, write_report_files
@@ -135,7 +136,7 @@ def _plot_tau(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]]) -
     series = [("simulated τ", [r["sim_accept_length"] for r in plotted], "--", "x")]
     series += [(f"real τ, K={k}", [r["real_accept_length"].get(k) for r in plotted], "-", "o") for k in report["ks"]]
     for label, ys, style, marker in series:
-        points = sorted((x, y) for x, y in zip(xs, ys) if y is not None)
+        points = sorted((x, y) for x, y in zip(xs, ys, strict=True) if y is not None)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, marker=marker, label=label)
     if axis["log2"]:
@@ -161,7 +162,7 @@ def _plot_acceptance(report: Mapping[str, Any], plotted: Sequence[Mapping[str, A
     for ax, title, values in (
             (real_ax, f"real, K={k_max}", lambda r: r["acceptance"].get(k_max) if k_max else None),
             (sim_ax, "simulated acc_k (TTT, eval split)", lambda r: r["sim_acc"])):
-        lines = [(r, values(r)) for r in plotted if values(r)]
+        lines: list[tuple[Any, Any]] = [(r, values(r)) for r in plotted if values(r)]
         if not lines:
             _empty(ax, f"{title}: no data")
             continue
@@ -192,7 +193,7 @@ def _plot_train(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]])
         bars = ax.bar(range(len(plotted)), [v or 0 for v in values], color="tab:blue" if ax is tok_ax else "tab:orange")
         ax.set_xticks(range(len(plotted)), labels, fontsize=8)
         if ax is wall_ax:
-            for bar, row in zip(bars, plotted):
+            for bar, row in zip(bars, plotted, strict=True):
                 if row.get("train_tokens_per_s") is not None:
                     ax.annotate(f"{row['train_tokens_per_s']:.0f} tok/s", (bar.get_x() + bar.get_width() / 2,
                                 bar.get_height()), ha="center", va="bottom", fontsize=7)

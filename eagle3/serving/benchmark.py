@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from eagle3.errors import Eagle3Error
 from eagle3.serving.engine_client import EngineClient, accept_length_of, run_requests
@@ -53,7 +55,7 @@ class BenchSettings:
     baseline: bool
 
     @classmethod
-    def from_config(cls, bench: Any) -> "BenchSettings":
+    def from_config(cls, bench: Any) -> BenchSettings:
         return cls(max_new_tokens=int(bench.max_new_tokens), concurrency=int(bench.concurrency),
                    warmup_requests=int(bench.warmup_requests), repeats=int(bench.repeats),
                    request_timeout_s=float(bench.request_timeout_s),
@@ -67,7 +69,7 @@ async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchSett
 
 
 def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-    pairs = [(b.get("output_ids"), s.get("output_ids")) for b, s in zip(base["results"], spec["results"])]
+    pairs = [(b.get("output_ids"), s.get("output_ids")) for b, s in zip(base["results"], spec["results"], strict=True)]
     if not pairs or any(b is None or s is None for b, s in pairs):
         return None
     same = sum(1 for b, s in pairs if list(b) == list(s))
@@ -75,7 +77,7 @@ def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional
 
 
 def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchSettings,
-                  server: Callable[[str], ContextManager[dict[str, Any]]], header: Mapping[str, Any],
+                  server: Callable[[str], AbstractContextManager[dict[str, Any]]], header: Mapping[str, Any],
                   eval_figure: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Measure both modes and assemble the report (nothing written, nothing raised on a bad figure).
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from eagle3.serving.engine_metrics import (
     sglang_accept_length_from_meta,
@@ -33,7 +34,7 @@ class EngineClient:
         self.timeout_s, self.model = float(timeout_s), model
 
     @classmethod
-    async def connect(cls, http: Client, backend: str, url: str, timeout_s: float) -> "EngineClient":
+    async def connect(cls, http: Client, backend: str, url: str, timeout_s: float) -> EngineClient:
         """The client; for vLLM the served model's name is looked up first (requests must name it).
 
         Raises:
@@ -50,8 +51,8 @@ class EngineClient:
         """`{"output_ids", "completion_tokens", "latency_s", "meta_info"?}` of one greedy request."""
         started = time.perf_counter()
         if self.backend == VLLM:
-            body = {"model": self.model, "prompt": list(input_ids), "max_tokens": int(max_new_tokens),
-                    "temperature": 0.0, "return_token_ids": True, "skip_special_tokens": False}
+            body: dict[str, Any] = {"model": self.model, "prompt": list(input_ids), "max_tokens": int(max_new_tokens),
+                                    "temperature": 0.0, "return_token_ids": True, "skip_special_tokens": False}
             data = await self.http.get_json("POST", self.url + "/v1/completions", json_body=body,
                                             timeout=self.timeout_s)
             choice = data["choices"][0]

@@ -14,7 +14,8 @@ excluded -- as `stage=eval` counts it:
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 __all__ = ["ACCEPT_LENGTH_DEFINITION", "parse_prometheus", "sglang_accept_length_from_meta",
            "sglang_accept_length_from_server_info", "vllm_accept_length", "vllm_spec_counters"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 import signal
 import threading
-from typing import Any, Iterable, Optional, Protocol
+from collections.abc import Iterable
+from typing import Any, Optional, Protocol
 
 from eagle3.errors import Eagle3Error
 
@@ -91,7 +92,7 @@ def error_line(lines: Iterable[str]) -> Optional[str]:
         elif _LOGGED_ERROR.search(raw) and text and not text.startswith("Traceback"):
             fallback = text
     direct = [line for line in found if not _POINTER.search(line)]
-    best = (direct or found or [fallback])[-1]
+    best = direct[-1] if direct else found[-1] if found else fallback
     return _clip(best) if best else None
 
 

@@ -20,8 +20,9 @@ import json
 import logging
 import random
 import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Mapping, Optional, TypeVar, Union
+from typing import Any, Optional, TypeVar, Union
 from urllib.parse import urlsplit
 
 __all__ = ["RETRY_STATUS", "BackgroundLoop", "Client", "HTTPFailure", "Reply", "backoff_delay", "is_loopback_host",
@@ -114,7 +115,7 @@ class Reply:
     def json(self) -> Any:
         return json.loads(self.body)
 
-    def raise_for_status(self, url: str) -> "Reply":
+    def raise_for_status(self, url: str) -> Reply:
         """This reply if 2xx, else an HTTPFailure with the start of the body."""
         if not 200 <= self.status < 300:
             raise HTTPFailure(url, self.text()[:ERROR_TEXT_CHARS], self.status)
@@ -189,7 +190,7 @@ class Client:
             await session.close()
         self._sessions.clear()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -1,4 +1,4 @@
-"""Servers an earlier eagle3 job left running, found by their records, and who holds a port.
+"""Servers an earlier eagle3 job left running, found by their records, and whether and by whom a port is held.
 
 `eagle3.serving.process.ServerProcess` records each server it launches in
 `<paths.root>/.servers/<host>-<port>.json`; before launching on that port again, a rerun asks
@@ -13,12 +13,13 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.serving import watchdog
 
-__all__ = ["clear_leftover", "job_alive", "port_holder", "read_record"]
+__all__ = ["clear_leftover", "job_alive", "port_holder", "port_in_use", "read_record"]
 
 log = logging.getLogger("eagle3")
 
@@ -28,6 +29,15 @@ def _cmdline(pid: int, limit: int = 120) -> str:
     except OSError:
         return "?"
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on `host:port`."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def port_holder(port: int) -> Optional[str]:

@@ -41,9 +41,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, TextIO, Union
+from typing import IO, Optional, TextIO, Union
 
 from omegaconf import DictConfig
 
@@ -105,14 +106,6 @@ def records_dir(cfg: DictConfig) -> Path:
     return Path(str(cfg.paths.root)).expanduser().resolve() / SERVERS_DIR
 
 
-def _port_in_use(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class ServerProcess:
     """Run a server for the duration of a `with` block (see the module docstring).
 
@@ -145,7 +138,7 @@ class ServerProcess:
         self.handle_sigterm = handle_sigterm
         self._proc: Optional[subprocess.Popen] = None
         self._reader: Optional[threading.Thread] = None
-        self._log = None
+        self._log: Optional[IO[bytes]] = None
         self._tail: deque[str] = deque(maxlen=TAIL_KEPT)
         self._stopped = False
         self._previous_handlers: dict = {}
@@ -169,6 +162,11 @@ class ServerProcess:
     @property
     def returncode(self) -> Optional[int]:
         return self._proc.poll() if self._proc else None
+
+    @property
+    def _running(self) -> subprocess.Popen:  # the server's process, for what runs once start() launched it
+        assert self._proc is not None, "ServerProcess: not started"
+        return self._proc
 
     def tail(self, n: int = exits.TAIL_IN_ERRORS) -> list[str]:
         """The last `n` non-empty lines the server wrote."""
@@ -199,7 +197,7 @@ class ServerProcess:
         if self._proc is not None:
             raise RuntimeError("ServerProcess.start: already started")
         self._clear_leftover()
-        if _port_in_use(self.command.host, self.command.port):
+        if leftovers.port_in_use(self.command.host, self.command.port):
             # Otherwise the health check could be answered by whatever holds the port while our
             # server fails to bind: a benchmark of the wrong server.
             holder = leftovers.port_holder(self.command.port) or "something"
@@ -248,7 +246,7 @@ class ServerProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH"))
                                                           if p))
         argv = [sys.executable, "-m", "eagle3.serving.watchdog", "--job-pid", str(os.getpid()),
-                "--pgid", str(self._proc.pid), "--server-id", self._server_id,
+                "--pgid", str(self._running.pid), "--server-id", self._server_id,
                 "--grace-s", str(self.grace_s), "--log", str(self.log_path)]
         if self.record_path is not None:
             argv += ["--record", str(self.record_path)]
@@ -276,7 +274,7 @@ class ServerProcess:
     def _write_record(self) -> None:
         if self.record_path is None:
             return
-        pid = self._proc.pid
+        pid = self._running.pid
         self.record_path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.record_path, {
             "backend": self.command.backend, "url": self.url, "host": socket.gethostname(),
@@ -288,15 +286,16 @@ class ServerProcess:
 
     def _drop_record(self) -> None:
         record = leftovers.read_record(self.record_path) if self.record_path is not None else None
-        if record is not None and record.get("server_id") == self._server_id:  # not a rerun's by now
-            self.record_path.unlink(missing_ok=True)
+        if self.record_path is not None and record is not None and record.get("server_id") == self._server_id:
+            self.record_path.unlink(missing_ok=True)  # not a rerun's by now
 
     def _pump(self) -> None:
-        stream = self._proc.stdout
+        stream, log_file = self._running.stdout, self._log
+        assert stream is not None and log_file is not None  # start() piped its output and opened the log
         for raw in iter(stream.readline, b""):
             with contextlib.suppress(ValueError, OSError):  # log closed while stopping
-                self._log.write(raw)
-                self._log.flush()
+                log_file.write(raw)
+                log_file.flush()
             line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
             self._tail.append(line)
             if self.echo is not None:
@@ -312,7 +311,7 @@ class ServerProcess:
 
     def _exited_error(self, when: str) -> ServerExited:
         self._drain()
-        return exits.exited_error(self.command.backend, self.pid, self._proc.returncode, when, self.log_path,
+        return exits.exited_error(self.command.backend, self.pid, self._running.returncode, when, self.log_path,
                                   list(self._tail))
 
     def died(self, when: str, wait_s: float = 0.0) -> Optional[ServerExited]:
@@ -333,7 +332,7 @@ class ServerProcess:
         deadline = time.monotonic() + self.startup_timeout_s
         paths = self.command.health_paths
         while True:
-            if self._proc.poll() is not None:
+            if self._running.poll() is not None:
                 raise self._exited_error(f"before {self.url} was healthy")
             path = probe_health(self.url, paths)
             if path is not None:
@@ -353,9 +352,9 @@ class ServerProcess:
         Raises:
             ServerError: The server exited on its own, with its last log lines.
         """
-        while self._proc.poll() is None:
+        while self._running.poll() is None:
             try:
-                self._proc.wait(timeout=1.0)
+                self._running.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 continue
         raise self._exited_error("while serving")
@@ -380,12 +379,13 @@ class ServerProcess:
                 self._drop_record()
                 self._restore_sigterm()
                 self._drain(5.0)
+                assert self._log is not None  # opened by start(), which launched the process
                 with contextlib.suppress(OSError):
                     self._log.close()
         return self._proc.returncode
 
     def _terminate(self) -> None:
-        proc, pgid = self._proc, self._proc.pid  # start_new_session: the group id is the pid
+        proc, pgid = self._running, self._running.pid  # start_new_session: the group id is the pid
         proc.poll()
         if proc.returncode is not None and not watchdog.group_alive(pgid):
             return

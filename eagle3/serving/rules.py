@@ -105,6 +105,7 @@ def extra_arg_flags(extra_args: Any) -> dict[str, tuple[str, Optional[str]]]:
     """
     args = [str(a) for a in (extra_args or [])]
     flags: dict[str, tuple[str, Optional[str]]] = {}
+    value: Optional[str]
     for i, arg in enumerate(args):
         if not arg.startswith("--"):
             continue
@@ -126,10 +127,11 @@ def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tup
     for typed, flag in RULED_FLAGS.get(server.backend, {}).items():
         if flag not in given:
             continue
-        written, value = given[flag]
-        if typed == MEM_FRACTION and value is not None:
+        written, flag_value = given[flag]
+        value: Any = flag_value
+        if typed == MEM_FRACTION and flag_value is not None:
             try:
-                value = float(value)
+                value = float(flag_value)
             except ValueError:
                 err.add(f"{key}.extra_args", written, "not a number", "a fraction in (0, 1]")
                 continue

@@ -39,9 +39,10 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 __all__ = ["ID_ENV", "can_verify", "group_alive", "owned_members", "process_alive", "signal_group",
            "start_ticks", "stop_group"]

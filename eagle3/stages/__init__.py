@@ -13,8 +13,9 @@ datasets, and a mistyped stage name or `--cfg job` should answer in a fraction o
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 

@@ -10,9 +10,10 @@ stop the job at the stage where a unit kept none of its input (`eagle3.stages.in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
@@ -98,12 +99,13 @@ class UnitStage:
                 stopped[unit] = empty
                 continue
             manifest = self._run(cfg, ctx, unit, inputs)
-            if self.kept_nothing(manifest.counts):
+            if self.intake is not None and self.kept_nothing(manifest.counts):
                 stopped[unit] = unit_part(manifest, self.intake)
                 continue
             self._warn_losses(cfg, manifest)
             manifests.append(manifest)
         if stopped:
+            assert self.intake is not None  # only a stage with an intake stops units (kept_nothing, empty_inputs)
             raise NothingKept(stop_line(self.name, self.intake, stopped, len(units)))
         return manifests
 
@@ -116,7 +118,7 @@ class UnitStage:
             return out.manifest
         with out:
             for manifest in inputs.values():  # the work reads them: a changed file must not feed it
-                check_reusable(Path(manifest.dir), manifest, manifest.fingerprint)
+                check_reusable(manifest.directory, manifest, manifest.fingerprint)
             extra = self.run_unit(cfg, ctx, unit, out)
             manifest = out.stop(extra) if self.kept_nothing(out.counts()) else out.finalize(extra=extra)
         log_summary(manifest)

@@ -23,7 +23,8 @@ the job exits non-zero. The chain's outputs (prompts, draft, eval) are looked up
 benchmarked `server.backend`, else under the one other backend that generated a chain (the demo
 chain runs on `hf`; `bench.data_backend` chooses when several did; `eagle3.stages.chain`).
 When the in-process eval of this config is complete, its accept length at the same K
-(`server.speculative.num_steps`) is put beside the engine's, with the relative difference. Whether both servers produced the same greedy tokens is reported too.
+(`server.speculative.num_steps`) is put beside the engine's, with the relative difference.
+Whether both servers produced the same greedy tokens is reported too.
 
 Results: `bench_report.json`, `bench_report.md`, `bench.png` in the unit directory and the run
 directory, logged to the job's loggers; the server logs are `bench-<mode>-<backend>.log` in the
@@ -39,12 +40,14 @@ import copy
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config_dict import config_dict
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import bench as bench_report
@@ -71,13 +74,13 @@ def _connect_mode(cfg: DictConfig) -> bool:
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    server = OmegaConf.to_container(cfg.server, resolve=True)
+    server = config_dict(cfg.server, resolve=True)
     # Where and how long, not what is measured: a bench on another port is the same bench.
     for key in ("python", "host", "port", "startup_timeout_s"):
         server.pop(key, None)
     if not _connect_mode(cfg):
         server.pop("urls", None)
-    bench = OmegaConf.to_container(cfg.bench, resolve=True)
+    bench = config_dict(cfg.bench, resolve=True)
     bench.pop("request_timeout_s", None)
     if not _connect_mode(cfg):
         bench.pop("baseline_urls", None)
@@ -117,7 +120,7 @@ def resolve_bench_draft(cfg: DictConfig, ctx: StageContext, unit: str) -> Option
         return Path(str(spec.draft_path)).expanduser()
     if _connect_mode(cfg):
         return None  # someone else's server: whatever it serves
-    return Path(_unit_inputs(cfg, ctx, unit)["train"].dir) / EXPORT_DIR / str(cfg.server.backend)
+    return _unit_inputs(cfg, ctx, unit)["train"].directory / EXPORT_DIR / str(cfg.server.backend)
 
 
 def _mode_config(cfg: DictConfig, mode: str) -> DictConfig:
@@ -185,7 +188,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     from eagle3.tracking import job_loggers
 
     inputs = _unit_inputs(cfg, ctx, unit)
-    prompts = heldout_prompts(Path(inputs["merged"].dir) / EVAL_FILE, int(cfg.bench.num_prompts))
+    prompts = heldout_prompts(inputs["merged"].directory / EVAL_FILE, int(cfg.bench.num_prompts))
     if not prompts:
         raise BenchmarkFailed(f"bench: the eval split of {inputs['merged'].dir} has no prompt to send (its "
                               "samples start with an assistant turn, or the split is empty)")

@@ -75,4 +75,5 @@ def chain_config(cfg: DictConfig, ctx: StageContext, stage: UnitStage, unit: str
         raise MissingInput(f"{missing} (looked under every generate backend: {', '.join(SERVER_BACKENDS)})")
     names = ", ".join(b for b, _ in found)
     raise MissingInput(f"no complete {stage.name} output for {unit!r} generated with server.backend={served}, "
-                       f"but there are chains generated with {names}: choose one with {key}=<{names.replace(', ', '|')}>")
+                       f"but there are chains generated with {names}: "
+                       f"choose one with {key}=<{names.replace(', ', '|')}>")

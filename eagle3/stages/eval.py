@@ -21,6 +21,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config_dict import config_dict
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import eval as eval_report
@@ -59,22 +60,22 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     trained = _unit_inputs(cfg, ctx, unit)["train"]
     if online(cfg):
         states = {"merged": require(MERGE, cfg, ctx, unit)}
-        merged_dir = Path(states["merged"].dir)
+        merged_dir = states["merged"].directory
     else:
         states = {"extract": require(EXTRACT, cfg, ctx, unit)}
         merged_dir = states["extract"].input_dir("merged")
     m, ev = cfg.model, cfg.eval
-    geometry, draft, head = load_eval_draft(Path(trained.dir) / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
+    geometry, draft, head = load_eval_draft(trained.directory / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
                                             revision=m.revision, cache_dir=cfg.paths.hf_cache,
                                             text_config_key=m.text_config_key)
     with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
         make_source = stack.enter_context(online_states(cfg, ctx.run_dir)) if online(cfg) else None
         eval_set = split_dataset(states, "eval", make_source)
-        simulated = simulated_acceptance(geometry, draft, head, OmegaConf.to_container(cfg.train, resolve=True),
+        simulated = simulated_acceptance(geometry, draft, head, config_dict(cfg.train, resolve=True),
                                          eval_set, ev.ks, batch_tokens=int(cfg.train.batch_tokens))
         if make_source is not None:
             eval_set.close_source()
-    report: dict[str, Any] = {"dataset": unit, "draft": str(Path(trained.dir) / EXPORT_DIR), "simulated": simulated}
+    report: dict[str, Any] = {"dataset": unit, "draft": str(trained.directory / EXPORT_DIR), "simulated": simulated}
     log.info("eval: simulated accept length %.3f over %d eval samples (acc per step %s)",
              simulated["sim_accept_len"], simulated["samples"], ", ".join(f"{a:.3f}" for a in simulated["acc"]))
 

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts import STATUS_COMPLETE, STATUS_RUNNING, Manifest, StageOutput
 from eagle3.artifacts.locks import exclusive_lock
 from eagle3.artifacts.stage_output import unit_lock_path
+from eagle3.config_dict import config_dict
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.generation.pipeline import generate_file
 from eagle3.generation.reuse import EarlierGenerations
@@ -54,7 +55,7 @@ def _units(cfg: DictConfig) -> list[str]:
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     model = cfg.model
-    generate = OmegaConf.to_container(cfg.generate, resolve=True)
+    generate = config_dict(cfg.generate, resolve=True)
     # Endpoints, concurrency, timeouts and retries do not change what is generated: a resumed
     # run may use other ones. The request fields that do change it count for HTTP backends.
     http = generate.pop("http", None) or {}
@@ -103,7 +104,7 @@ def copyable_conversations(cfg: DictConfig, ctx: StageContext, unit: str) -> int
     if earlier is None:
         return 0
     prep = _unit_inputs(cfg, ctx, unit)["conversations"]
-    return earlier.copyable(Path(prep.dir) / CONVERSATIONS_FILE, int(cfg.generate.batch_size))
+    return earlier.copyable(prep.directory / CONVERSATIONS_FILE, int(cfg.generate.batch_size))
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
@@ -112,7 +113,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     if earlier:
         log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
                  unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
-    return generate_file(cfg, unit, Path(prep.dir) / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
+    return generate_file(cfg, unit, prep.directory / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
                          total=prep.counts.get("out"), earlier=earlier)
 
 
@@ -180,7 +181,7 @@ class GenerateStage(UnitStage):
                 continue
             earlier = _earlier_outputs(cfg, ctx, unit, where, self.unit_config(cfg, unit))
             prep = self.unit_inputs(cfg, ctx, unit)["conversations"]
-            if earlier is None or not earlier.covers(Path(prep.dir) / CONVERSATIONS_FILE,
+            if earlier is None or not earlier.covers(prep.directory / CONVERSATIONS_FILE,
                                                      int(cfg.generate.batch_size)):
                 return True
         return False

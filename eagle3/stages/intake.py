@@ -14,9 +14,10 @@ stages whose units may rightly end empty (eval with no prompts, demo_data) decla
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from eagle3.artifacts import REJECTS_NAME, JsonlError, Manifest, read_jsonl
 from eagle3.artifacts.records import PARTIAL_SUFFIX

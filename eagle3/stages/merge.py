@@ -49,7 +49,7 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    sources = {key.split(".", 1)[1]: (m.dir / TOKENIZED_FILE, m.counts.get("out"))
+    sources = {key.split(".", 1)[1]: (m.directory / TOKENIZED_FILE, m.counts.get("out"))
                for key, m in _unit_inputs(cfg, ctx, unit).items()}
     extra = write_mixture(out, sources, _weights(cfg), cfg.data.scale, cfg.data.eval_size, cfg.data.seed)
     if not extra["train_samples"] and extra["eval_samples"]:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.config_dict import config_dict
 from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
 from eagle3.stages.base import StageContext, UnitStage, require
@@ -49,7 +50,7 @@ log = logging.getLogger("eagle3")
 
 
 def _source(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg.dataset.sources[unit], resolve=True)
+    return config_dict(cfg.dataset.sources[unit], resolve=True)
 
 
 def _units(cfg: DictConfig) -> list[str]:
@@ -103,7 +104,7 @@ def _pinned_source(out: StageOutput, unit: str, src: dict[str, Any]) -> dict[str
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     generator_file = Path(out.inputs["raw"]["path"]) / DATA_FILE if "raw" in out.inputs else None
     src = _pinned_source(out, unit, _source(cfg, unit))
-    return prepare_source(out, unit, src, OmegaConf.to_container(cfg.prep, resolve=True),
+    return prepare_source(out, unit, src, config_dict(cfg.prep, resolve=True),
                           generator_file, cfg.paths.hf_cache, int(cfg.data.seed), CONVERSATIONS_FILE)
 
 

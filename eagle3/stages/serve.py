@@ -55,7 +55,7 @@ def resolve_draft(cfg: DictConfig, ctx: StageContext) -> Optional[Path]:
         raise MissingInput(f"server.speculative.draft_path is null, which means the draft this config "
                            f"trains, but {exc}; or set server.speculative.draft_path to an export, or "
                            "server.speculative.algorithm=null to serve the target alone") from None
-    return Path(manifest.dir) / EXPORT_DIR / str(cfg.server.backend)
+    return manifest.directory / EXPORT_DIR / str(cfg.server.backend)
 
 
 def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:

@@ -64,6 +64,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
 
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     # Imported here: the upstream stages import heavier modules and may import this one.
+    upstream: UnitStage
     if cfg.dataset.sources[unit].track == TRACK_PROMPT_ONLY:
         from eagle3.stages.generate import GENERATE as upstream
     else:
@@ -73,7 +74,7 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     upstream = _unit_inputs(cfg, ctx, unit)["conversations"]
-    extra = tokenize_unit(out, upstream.dir / CONVERSATIONS_FILE, upstream.counts.get("out"), unit,
+    extra = tokenize_unit(out, upstream.directory / CONVERSATIONS_FILE, upstream.counts.get("out"), unit,
                           render_settings(cfg, unit), _tokenizer_spec(cfg), int(cfg.tokenize.num_workers),
                           int(cfg.tokenize.chunk_size), TOKENIZED_FILE)
     return {**extra, "template": cfg.model.training_chat_template}

@@ -26,6 +26,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.config_dict import config_dict
 from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
 from eagle3.draft.options import ONLINE
 from eagle3.reports.loggers import log_report
@@ -49,7 +50,7 @@ def online(cfg: DictConfig) -> bool:
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _UNTRACKED}
+    train = {k: v for k, v in config_dict(cfg.train, resolve=True).items() if k not in _UNTRACKED}
     config = {"train": train, "draft": OmegaConf.to_container(cfg.model.draft, resolve=True), "seed": int(cfg.seed),
               "format": FORMAT_VERSION}
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
@@ -85,7 +86,7 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
 def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
     from eagle3.tracking import job_loggers
 
-    vocab_dir = Path(_unit_inputs(cfg, ctx, unit)["vocab"].dir)
+    vocab_dir = _unit_inputs(cfg, ctx, unit)["vocab"].directory
     return fit_draft(cfg, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE), unit_dir,
                      job_loggers(cfg, ctx.run_dir))
 
@@ -151,7 +152,9 @@ class TrainStage(UnitStage):
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
         from lightning.pytorch.utilities import rank_zero_only
 
-        rank = int(rank_zero_only.rank)  # from RANK / LOCAL_RANK / SLURM_PROCID, as Lightning reads them
+        # From RANK / LOCAL_RANK / SLURM_PROCID, as Lightning reads them; Lightning sets `rank` on the
+        # function at import, which its type does not declare.
+        rank = int(rank_zero_only.rank)  # type: ignore[attr-defined]
         if rank == 0:
             return super().__call__(cfg, ctx)
         for unit in self.units(cfg):

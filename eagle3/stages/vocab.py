@@ -35,7 +35,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     from eagle3.data.vocab import build_vocab
 
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
-    return build_vocab(out, merged.dir / TRAIN_FILE, merged.dir / EVAL_FILE, int(cfg.model.vocab_size),
+    return build_vocab(out, merged.directory / TRAIN_FILE, merged.directory / EVAL_FILE, int(cfg.model.vocab_size),
                        int(cfg.model.draft.vocab_size), D2T_FILE, T2D_FILE)
 
 

@@ -30,9 +30,10 @@ import math
 import os
 import re
 from collections import deque
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 from eagle3.artifacts import STATUS_COMPLETE, Manifest
 from eagle3.errors import Eagle3Error
@@ -215,14 +216,14 @@ def _int(value: Any) -> Optional[int]:
 
 def _eval_figures(manifest: Manifest) -> dict[str, Any]:
     files = (manifest.extra or {}).get("files") or {}
-    report = _read_json(Path(manifest.dir) / files.get("json", EVAL_REPORT_FILES["json"]))
+    report = _read_json(manifest.directory / files.get("json", EVAL_REPORT_FILES["json"]))
     if report is None:
         return {}
     sim = report.get("simulated") or {}
     real = report.get("real") or {}
     ks = sorted(real, key=lambda k: int(k))
     return {
-        "eval_report": str(Path(manifest.dir) / files.get("json", EVAL_REPORT_FILES["json"])),
+        "eval_report": str(manifest.directory / files.get("json", EVAL_REPORT_FILES["json"])),
         "sim_accept_length": _num(sim.get("sim_accept_len")),
         "sim_acc": [float(a) for a in sim.get("acc") or []],
         "real_accept_length": {str(k): _num(real[k].get("accept_length")) for k in ks},
@@ -312,7 +313,7 @@ def _x_axis(plotted: Sequence[dict[str, Any]], varying: Sequence[str], x: Option
 
     if x == JOB_AXIS:
         key = JOB_AXIS
-    elif x not in (None, SCALE_KEY, "data_scale"):
+    elif x is not None and x not in (SCALE_KEY, "data_scale"):
         key = x
     elif all(r["data_scale"] is not None for r in plotted) and (
             len({r["data_scale"] for r in plotted}) > 1 or not [k for k in varying if k != SCALE_KEY]):
@@ -331,7 +332,7 @@ def _x_axis(plotted: Sequence[dict[str, Any]], varying: Sequence[str], x: Option
     log2 = bool(numbers and min(numbers) > 0 and max(numbers) / min(numbers) >= _LOG2_SPAN)
     kind = {SCALE_KEY: "scale", JOB_AXIS: "job"}.get(key, "override")
     return {"key": key, "kind": kind, "numeric": numbers is not None, "log2": log2,
-            "values": {str(r["job_num"]): v for r, v in zip(plotted, values)}}
+            "values": {str(r["job_num"]): v for r, v in zip(plotted, values, strict=True)}}
 
 
 def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None) -> dict[str, Any]:

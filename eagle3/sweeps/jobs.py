@@ -7,8 +7,9 @@ callback find a sweep's jobs from these files, not from a tracking service.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from eagle3.artifacts import atomic_write_json
 from eagle3.config.secrets import redact, redact_overrides

@@ -1,0 +1,28 @@
+"""The package and its scripts stay clean under the linters configured in pyproject.toml: `ruff check`
+(style, imports, likely bugs, outdated syntax) and `mypy` (types)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout, whatever the working directory
+
+
+def _run(*argv: str, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m <argv>` from the checkout, so the tool reads its `pyproject.toml` settings."""
+    return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_ruff_check_passes():
+    done = _run("ruff", "check", timeout=300)
+    assert done.returncode == 0, f"ruff check found problems:\n{done.stdout}{done.stderr}"
+
+
+@pytest.mark.slow
+def test_mypy_passes():
+    done = _run("mypy", timeout=1200)
+    assert done.returncode == 0, f"mypy found problems:\n{done.stdout}{done.stderr}"
