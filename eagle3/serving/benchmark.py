@@ -69,6 +69,8 @@ async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchSett
 
 
 def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+    if len(base["results"]) != len(spec["results"]):
+        return None  # not the same prompts: nothing to compare (the report says so, it does not raise)
     pairs = [(b.get("output_ids"), s.get("output_ids")) for b, s in zip(base["results"], spec["results"], strict=True)]
     if not pairs or any(b is None or s is None for b, s in pairs):
         return None
