@@ -19,6 +19,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts.locks import set_lock_timeout
+from eagle3.config.checks import report_config_errors
 from eagle3.config.secrets import redact_overrides
 from eagle3.data.detect import expand_dataset_files
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
@@ -30,14 +31,6 @@ from eagle3.tracking import finish_job
 log = logging.getLogger("eagle3")
 
 __all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "report_config_errors", "run_job"]
-
-
-def report_config_errors(errors: list[str]) -> None:
-    """One line per error on stderr, no traceback: the user fixes the config, not the code."""
-    noun = "error" if len(errors) == 1 else "errors"
-    print(f"eagle3: config has {len(errors)} {noun}:", file=sys.stderr)
-    for line in errors:
-        print(f"  {line}", file=sys.stderr)
 
 
 def _job_identity(cfg: DictConfig) -> dict[str, Any]:

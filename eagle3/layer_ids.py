@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eagle3.serving.engines import ENGINES, SGLANG, VLLM
+from eagle3.engines import ENGINES, SGLANG, VLLM
 
 # What each engine adds to an id of the draft config before capturing.
 _ENGINE_OFFSET = {SGLANG: 1, VLLM: 0}

@@ -1,5 +1,6 @@
-"""The package's shape: every module imports on its own, the import graph has no cycle, modules stay
-small enough to read, and the one-place rules (one lock, one HTTP layer, loggers by class) hold."""
+"""The package's shape: every module imports on its own, the import graph has no cycle and goes down the
+layers of docs/design.md, modules stay small enough to read, and the one-place rules (one lock, one HTTP
+layer, loggers by class) hold."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from eagle3.paths import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "eagle3"
+DESIGN = PROJECT_ROOT / "docs" / "design.md"
 MAX_MODULE_LINES = 450
 MAX_STAGE_LINES = 250
 
@@ -100,6 +102,66 @@ def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def import_layers() -> dict[str, tuple[int, str]]:
+    """Each part of eagle3 (the package itself, a top-level module or subpackage) -> `(layer, name)`.
+
+    Read from the one table of layers, docs/design.md 'Import layers': a row `| 3 | domain | `eagle3.data`, ... | ... |`.
+    """
+    section = DESIGN.read_text(encoding="utf-8").split("### Import layers", 1)[1].split("\n#", 1)[0]
+    layers: dict[str, tuple[int, str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].isdigit():
+            continue
+        for part in re.findall(r"`(eagle3(?:\.\w+)?)`", cells[2]):
+            assert part not in layers, f"docs/design.md puts {part} in two layers"
+            layers[part] = (int(cells[0]), cells[1])
+    return layers
+
+
+def part_of(module: str) -> str:
+    """The part of eagle3 a module belongs to in the layer table: `eagle3.config.store` -> `eagle3.config`."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_every_part_of_the_package_has_one_layer():
+    layers = import_layers()
+    parts = {part_of(name) for name in MODULES}
+    assert sorted(parts - set(layers)) == [], "add these to the table in docs/design.md, 'Import layers'"
+    assert sorted(set(layers) - parts) == [], "the table in docs/design.md names parts that do not exist"
+    rank = {part: layer for part, (layer, _) in layers.items()}
+    assert rank["eagle3.errors"] < rank["eagle3.config"] < rank["eagle3.serving"] < rank["eagle3.stages"] \
+        < rank["eagle3.cli"]
+
+
+def test_imports_go_down_the_layers():
+    """No module imports a part of a higher layer (imports inside functions count: they run too)."""
+    layers = import_layers()
+    upward = [f"{name} ({layers[part_of(name)][1]}) imports {target} ({layers[part_of(target)][1]})"
+              for name, targets in sorted(import_graph().items()) for target in sorted(targets)
+              if layers[part_of(target)][0] > layers[part_of(name)][0]]
+    assert upward == [], "\n".join(upward)
+
+
+def test_config_imports_no_domain_package():
+    """eagle3.config reads leaves, hydra and omegaconf only: domain rules are handed to it (eagle3.stages)."""
+    layers = import_layers()
+    below = {part for part, (layer, _) in layers.items() if layer < layers["eagle3.config"][0]}
+    graph = import_graph()
+    config = sorted(name for name in graph if part_of(name) == "eagle3.config")
+    assert len(config) >= 5
+    assert [f"{name} -> {target}" for name in config for target in sorted(graph[name])
+            if part_of(target) not in below | {"eagle3.config"}] == []
+    third_party = set()
+    for name in config:
+        for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                third_party.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                third_party.add(node.module.split(".")[0])
+    assert sorted(third_party - set(sys.stdlib_module_names) - {"__future__", "eagle3"}) == ["hydra", "omegaconf"]
 
 
 def _import_alone(module: str) -> tuple[str, int, str]:

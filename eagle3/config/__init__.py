@@ -1,9 +1,10 @@
 """Typed configuration: the schema (`schema`), its ConfigStore registration and resolvers (`store`),
-and the rules checked before any work (`validate`, `checks`).
+the generic checks and their driver (`validate`, `checks`), and secrets (`secrets`).
 
-Importing this package registers the schema (both the entrypoint and the tests compose through
-it) and nothing else: the rules import the modules that own the valid choices, which must not be
-loaded just because one of them reads `eagle3.config.checks`.
+Importing this package registers the schema and every resolver the YAML files use (both the
+entrypoint and the tests compose through it) and nothing else. It imports leaves only, never a
+domain package (docs/design.md, 'Import layers'): the domain rules live with the choices they check
+and are handed to `validate.validate_config` by `eagle3.stages`.
 """
 
 from eagle3.config.store import register_configs

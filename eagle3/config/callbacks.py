@@ -23,6 +23,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from eagle3.config.checks import ConfigErrors, report_config_errors
 from eagle3.config.secrets import Finding, find_secrets, find_secrets_in_overrides
 from eagle3.config_dict import config_dict
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE
@@ -55,9 +56,6 @@ def refuse_secrets(findings: list[Finding]) -> None:
     """Print eagle3's config-error lines for `findings` and exit 2 (nothing when there are none)."""
     if not findings:
         return
-    from eagle3.cli import report_config_errors
-    from eagle3.config.checks import ConfigErrors
-
     err = ConfigErrors()
     for f in findings:
         err.add(f.key, f.shown, f.why, f.valid)
@@ -134,8 +132,6 @@ def _check_root(config: DictConfig) -> None:
         return
     code, line = problem
     if code == EXIT_CONFIG_ERROR:
-        from eagle3.cli import report_config_errors
-
         report_config_errors([line])
     else:
         print(line, file=sys.stderr)

@@ -1,12 +1,14 @@
 """The collector every config rule writes into: one line `key: value -- why; valid: ...` each.
 
-A leaf (no eagle3 imports), so the rules can live beside what they check (`eagle3.serving.rules`
-for servers, `eagle3.config.validate` for the rest) and all report in the same shape, at once.
+A leaf (no eagle3 imports), so the rules can live beside what they check (a `rules` module in the
+package that owns each choice; `eagle3.config.validate` keeps the generic ones) and all report in
+the same shape, at once; `report_config_errors` prints them.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -49,3 +51,11 @@ class ConfigErrors:
     def not_negative(self, key: str, value: Any, valid: str = ">= 0") -> None:
         if value is not None and value < 0:
             self.add(key, value, "cannot be negative", valid)
+
+
+def report_config_errors(errors: list[str]) -> None:
+    """One line per error on stderr, no traceback: the user fixes the config, not the code."""
+    noun = "error" if len(errors) == 1 else "errors"
+    print(f"eagle3: config has {len(errors)} {noun}:", file=sys.stderr)
+    for line in errors:
+        print(f"  {line}", file=sys.stderr)

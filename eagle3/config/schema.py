@@ -49,9 +49,9 @@ class DraftGeometryConfig:
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     num_layers: int = 1
-    # Layer variants (eagle3.draft.options.LAYER_VARIANTS says what each does; vLLM serves all,
+    # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all,
     # SGLang none, so a variant draft is exported for vLLM only). norm_before_residual follows the
-    # serving engine (eagle3.draft.options.SERVING_LAYER): on for vLLM (and hf), off for SGLang.
+    # serving engine (eagle3.engines.SERVING_LAYER): on for vLLM (and hf), off for SGLang.
     norm_before_residual: bool = II("eagle3_serving_layer:norm_before_residual,${server.backend}")
     norm_before_fc: bool = False
     fc_norm: bool = False

@@ -20,8 +20,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.schema import CSVLoggerConfig, DraftGeometryConfig, Eagle3Config, ModelConfig, WandbLoggerConfig
-from eagle3.draft.options import serving_layer_default
 from eagle3.dtypes import DTYPES
+from eagle3.engines import serving_layer_default
 from eagle3.layer_ids import standard_capture_layers
 from eagle3.paths import PROJECT_ROOT, asset_path
 from eagle3.target_info import (
@@ -189,7 +189,7 @@ def register_configs() -> None:
         "eagle3_asset", lambda name: str(asset_path(name)), replace=True
     )
     OmegaConf.register_new_resolver("eagle3_job_dirname", job_dirname, replace=True)
-    # model.draft.<variant> defaults by the serving engine, from the one table in eagle3.draft.options.
+    # model.draft.<variant> defaults by the serving engine, from the one table in eagle3.engines.
     OmegaConf.register_new_resolver("eagle3_serving_layer", serving_layer_default, replace=True)
     # Run and sweep directories carry it (conf/config.yaml): a clock second is not unique between jobs.
     # Cached like Hydra's `now`: Hydra copies the cache into each job's config, so the jobs of a sweep

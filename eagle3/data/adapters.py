@@ -2,7 +2,7 @@
 
 Each adapter declares the column keys it reads (``columns`` of a dataset source remaps them to
 the dataset's real column names); an unknown key is a config error found before any work
-(`eagle3.config.validate`). Adapters move text into the canonical shape and nothing more:
+(`eagle3.data.rules`). Adapters move text into the canonical shape and nothing more:
 content is never reworded or trimmed, so target-native text (Kimi trajectories) reaches the
 tokenizer exactly as the target wrote it. A record an adapter cannot read raises
 :class:`AdapterError` (reject reason ``adapter_error``); structural problems they can see

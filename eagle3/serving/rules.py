@@ -1,12 +1,12 @@
 """The server rules: what `server.*` (and `bench.*`) must satisfy before anything is launched.
 
-Checked twice: by `eagle3.config.validate` before any stage runs, and again by the launcher
-(`eagle3.serving.commands`) with the actual draft directory, so a config that bypassed the
-entrypoint still cannot bind a public address or serve an EAGLE-3 draft with EAGLE. They encode
-the failures that cost real projects weeks (docs/design.md, 'Facts: SGLang', 'Facts: sm120'): the
-EAGLE-vs-EAGLE3 flag, kernels that do not exist on sm120, flags in `extra_args` that would bypass
-these rules (the launcher's own flags are refused there; those of a ruled setting, `RULED_FLAGS`,
-are checked like the typed key).
+Checked twice: by `eagle3.config.validate` before any stage runs (`check_servers`, listed in
+`eagle3.stages`), and again by the launcher (`eagle3.serving.commands`) with the actual draft
+directory, so a config that bypassed the entrypoint still cannot bind a public address or serve an
+EAGLE-3 draft with EAGLE. They encode the failures that cost real projects weeks (docs/design.md,
+'Facts: SGLang', 'Facts: sm120'): the EAGLE-vs-EAGLE3 flag, kernels that do not exist on sm120,
+flags in `extra_args` that would bypass these rules (the launcher's own flags are refused there;
+those of a ruled setting, `RULED_FLAGS`, are checked like the typed key).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from eagle3.serving.engines import (
 )
 from eagle3.serving.http import is_loopback_host
 
-__all__ = ["RULED_FLAGS", "check_bench", "check_chain_draft_engine", "check_serve", "check_server", "draft_kind",
-           "extra_arg_flags", "server_errors", "speculative_algorithm_error"]
+__all__ = ["RULED_FLAGS", "check_bench", "check_chain_draft_engine", "check_serve", "check_server", "check_servers",
+           "draft_kind", "extra_arg_flags", "server_errors", "speculative_algorithm_error"]
 
 
 def draft_kind(draft_path: Optional[str]) -> Optional[str]:
@@ -233,6 +233,14 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
             owner = owner.replace("server.", f"{key}.", 1)  # the node this server's keys live in
             err.add(f"{key}.extra_args", str(arg), f"the launcher sets this flag from {owner} (and checks it there)",
                     f"set {owner} instead")
+
+
+def check_servers(cfg: DictConfig, err: ConfigErrors) -> None:
+    """Every config's `server.*`, and the backend whose chain `bench` and `serve` read data from
+    (`*.data_backend`); run for every config by `eagle3.config.validate.validate_config`."""
+    check_server(cfg.server, cfg.model, err)
+    for key in ("bench.data_backend", "serve.data_backend"):
+        err.choice(key, OmegaConf.select(cfg, key), SERVER_BACKENDS, allow_none=True)
 
 
 def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:

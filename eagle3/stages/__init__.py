@@ -5,6 +5,9 @@ artifacts and one manifest per output unit out. `stage=all` runs CHAIN in order;
 output is complete for the same inputs and config is skipped, so the chain is cheap to re-run.
 STANDALONE stages (`serve`, `bench`, `report`, `plan`) run only when named. A stage may name
 config rules of its own (`rules`), which validation runs before any work when it is asked for.
+The rules every config is checked against are listed here too (`CONFIG_RULES`, `SETTINGS_RULES`):
+each lives in the package that owns what it checks, and this package, above all of them, hands
+them to `eagle3.config.validate` (which imports no domain package).
 
 Entries name their module instead of importing it: stages pull in torch, transformers and
 datasets, and a mistyped stage name or `--cfg job` should answer in a fraction of a second.
@@ -19,8 +22,9 @@ from typing import Any, Optional
 
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
-__all__ = ["ALL", "CHAIN", "check_config", "REGISTRY", "STANDALONE", "MissingInput", "RegisteredStage", "StageContext",
-           "UnitStage", "require", "stage_names", "stage_rules", "stages_to_run"]
+__all__ = ["ALL", "CHAIN", "CONFIG_RULES", "check_config", "config_rules", "REGISTRY", "SETTINGS_RULES", "STANDALONE",
+           "MissingInput", "RegisteredStage", "StageContext", "UnitStage", "require", "stage_names", "stage_rules",
+           "stages_to_run"]
 
 
 def _resolve(target: str) -> Any:
@@ -72,6 +76,25 @@ STANDALONE: tuple[RegisteredStage, ...] = (
 REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, *STANDALONE)}
 ALL = "all"
 
+# Config rules (`module:function(cfg, errors)`) run for every config, after the generic checks of
+# `eagle3.config.validate`, in the order their lines are reported: first what every job composes
+# (the target and draft, the dataset, the servers), then the rules of the stages asked for, then
+# every stage's own settings (each is cheap, and `stage=all` reads them all).
+CONFIG_RULES: tuple[str, ...] = (
+    "eagle3.draft.rules:check_model",
+    "eagle3.data.rules:check_dataset",
+    "eagle3.serving.rules:check_servers",
+)
+SETTINGS_RULES: tuple[str, ...] = (
+    "eagle3.extract.rules:check_extract",
+    "eagle3.draft.rules:check_train",
+    "eagle3.draft.rules:check_eval",
+    "eagle3.data.rules:check_prep",
+    "eagle3.generation.rules:check_generate",
+    "eagle3.data.rules:check_tokenize",
+    "eagle3.data.rules:check_data",
+)
+
 
 def stage_names() -> list[str]:
     """Valid values of `stage`, in the order a user reads them."""
@@ -87,7 +110,12 @@ def check_config(cfg: Any) -> list[str]:
     """Every rule violation of a composed config, the rules of the stages it asks for included."""
     from eagle3.config.validate import validate_config
 
-    return validate_config(cfg, stage_names(), stage_rules(str(cfg.stage)))
+    return validate_config(cfg, stage_names(), config_rules(str(cfg.stage)))
+
+
+def config_rules(stage: str) -> list[Callable]:
+    """Every domain rule a config asking for `stage=<name>` is checked against, in reporting order."""
+    return [*map(_resolve, CONFIG_RULES), *stage_rules(stage), *map(_resolve, SETTINGS_RULES)]
 
 
 def stage_rules(stage: str) -> list[Callable]:
