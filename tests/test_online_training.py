@@ -1,57 +1,88 @@
 """`train.hidden_states=online` on the demo: the whole chain with no store, as good as store mode.
 
-Two default demo chains (`stage=all`, ~4 min each on 2 cores), store mode and online mode, in
-separate artifact roots so "no store under paths.root" means what it says. Same data, same
-schedule; the online draft trains on fp32 states straight from the target, the store one on the
-bf16 store, so their accept lengths agree closely but not bit for bit.
+Store mode is the session's default demo chain (`tests.conftest.demo_chain`); online mode runs
+`stage=all train.hidden_states=online` in the same root, so it shares the data units and adds
+its own train and eval units (~2 min on 2 cores). Same data, same schedule; the online draft trains
+on fp32 states straight from the target, the store one on the bf16 store, so their accept lengths
+agree closely but not bit for bit. "No store" is checked as "the online job wrote no hidden state
+and declared none": every tensor file under the root is the one it was before, or a draft export.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from eagle3.artifacts import Manifest
-from tests.conftest import run_cli
+from tests.conftest import DemoChain, run_cli, unit_dirs
 
 pytestmark = pytest.mark.slow
 K = "3"
 RELATIVE_TOLERANCE = 0.02
 
 
+@dataclass(frozen=True)
+class Modes:
+    chain: DemoChain
+    online_train: Manifest
+    online_eval: Manifest
+    tensors_before: dict[Path, int]  # every *.safetensors under the root before the online job: its mtime
+    store_before: dict[Path, int]  # every file under hidden_states/ and extract/ before the online job
+    plans: dict[str, dict]  # stage=plan's `hidden_states.modes` per mode (store: before the online job ran)
+
+
+def _plan(root: Path, mode: str, work: Path) -> dict:
+    before = set((root / "runs").iterdir())
+    done = run_cli(["stage=plan", f"train.hidden_states={mode}", f"paths.root={root}"], cwd=work)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [run_dir] = [p for p in set((root / "runs").iterdir()) - before if p.name.endswith("_plan")]
+    return json.loads((run_dir / "plan.json").read_text())["hidden_states"]["modes"]
+
+
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory):
-    base = tmp_path_factory.mktemp("online")
-    (base / "elsewhere").mkdir()
-    roots = {}
-    for mode in ("store", "online"):
-        root = base / mode
-        done = run_cli(["stage=all", f"train.hidden_states={mode}", f"paths.root={root}"], cwd=base / "elsewhere")
-        assert done.returncode == 0, (mode, done.stderr[-3000:])
-        roots[mode] = root
-    return roots
+def modes(demo_chain) -> Modes:
+    root, work = demo_chain.root, demo_chain.root.parent / "elsewhere"
+    # The store root's plan before any online run exists in it: its online figures are estimates.
+    store_plan = _plan(root, "store", work)
+    tensors = _mtimes(root.rglob("*.safetensors"))
+    store = _store_files(root)
+    trains, evals = unit_dirs(root, "train"), unit_dirs(root, "eval")
+    done = run_cli(["stage=all", "train.hidden_states=online", f"paths.root={root}"], cwd=work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [train] = unit_dirs(root, "train") - trains
+    [evaluation] = unit_dirs(root, "eval") - evals
+    plans = {"store": store_plan, "online": _plan(root, "online", work)}
+    return Modes(demo_chain, Manifest.load(train), Manifest.load(evaluation), tensors, store, plans)
 
 
-def _one(root: Path, stage: str) -> Manifest:
-    [manifest] = [Manifest.load(d) for d in (root / stage).iterdir() if d.is_dir()]
-    assert manifest.status == "complete"
-    return manifest
+def _mtimes(paths) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in paths if p.is_file()}
 
 
-def _real_accept(root: Path) -> float:
-    return json.loads((Path(_one(root, "eval").dir) / "eval_report.json").read_text())["real"][K]["accept_length"]
+def _store_files(root: Path) -> dict[Path, int]:
+    return _mtimes([*(root / "hidden_states").rglob("*"), *(root / "extract").rglob("*")])
 
 
-def test_online_mode_writes_no_hidden_state_store(roots):
-    online = roots["online"]
-    assert not (online / "hidden_states").exists()
-    assert not (online / "extract").exists() or not any((online / "extract").iterdir())
-    shards = [p for p in online.rglob("*.safetensors") if "draft" not in p.relative_to(online).parts]
-    assert shards == [], shards  # the only tensors written are the exported drafts
-    assert any((roots["store"] / "hidden_states").iterdir())  # store mode did write one
-    train = _one(online, "train")
+def _real_accept(eval_manifest: Manifest) -> float:
+    return json.loads((Path(eval_manifest.dir) / "eval_report.json").read_text())["real"][K]["accept_length"]
+
+
+def test_online_mode_writes_no_hidden_state_store(modes):
+    root = modes.chain.root
+    assert any((root / "hidden_states").iterdir()) and modes.store_before  # store mode did write one
+    assert _store_files(root) == modes.store_before, "the online job wrote to the hidden-state store"
+    assert {p for p in root.rglob("*.safetensors")} >= set(modes.tensors_before)
+    for path, mtime in modes.tensors_before.items():
+        assert path.stat().st_mtime_ns == mtime, f"the online job rewrote {path}"
+    new = [p for p in root.rglob("*.safetensors") if p not in modes.tensors_before]
+    online_train = Path(modes.online_train.dir)
+    assert new and all(p.is_relative_to(online_train / "draft") for p in new), new  # only its exported drafts
+    assert unit_dirs(root, "extract") == set(modes.chain.units["extract"])  # no extract unit of its own
+    train = modes.online_train
+    assert train.status == "complete"
     assert train.extra["hidden_states"] == "online" and set(train.inputs) == {"merged", "vocab"}
     [train_states, eval_states] = train.extra["states_source"]
     assert train_states["backend"] == "hf"
@@ -59,37 +90,30 @@ def test_online_mode_writes_no_hidden_state_store(roots):
     assert train_states["tokens"] == train.extra["train_tokens_per_epoch"] * train.extra["epochs"]
 
 
-def test_online_accept_length_is_within_2_percent_of_store_mode(roots):
-    store, online = _real_accept(roots["store"]), _real_accept(roots["online"])
+def test_online_accept_length_is_within_2_percent_of_store_mode(modes):
+    store, online = _real_accept(modes.chain.manifest("eval")), _real_accept(modes.online_eval)
     print(f"real accept length at K=3: store {store:.3f}, online {online:.3f}")
     assert store > 2.0  # the demo draft is used
     assert abs(online - store) <= RELATIVE_TOLERANCE * store, (store, online)
-    s, o = _one(roots["store"], "train").extra, _one(roots["online"], "train").extra
+    s, o = modes.chain.manifest("train").extra, modes.online_train.extra
     assert s["global_step"] == o["global_step"] and s["train_tokens_per_epoch"] == o["train_tokens_per_epoch"]
 
 
-def test_plan_reads_both_modes_throughputs_from_the_manifests(roots, tmp_path):
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-    plans = {}
-    for mode, root in roots.items():
-        done = run_cli(["stage=plan", f"train.hidden_states={mode}", f"paths.root={root}"], cwd=work)
-        assert done.returncode == 0, done.stderr[-2000:]
-        [run_dir] = [p for p in (root / "runs").iterdir() if p.name.endswith("_plan")]
-        plans[mode] = json.loads((run_dir / "plan.json").read_text())["hidden_states"]["modes"]
-    store_root = plans["store"]
-    extract, train = _one(roots["store"], "extract").extra, _one(roots["store"], "train").extra
+def test_plan_reads_both_modes_throughputs_from_the_manifests(modes):
+    store_root = modes.plans["store"]
+    extract, train = modes.chain.manifest("extract").extra, modes.chain.manifest("train").extra
     assert store_root["store"]["extract_tokens_per_s"]["value"] == extract["extract_tokens_per_s"]
     assert store_root["store"]["extract_tokens_per_s"]["basis"] == "actual"  # this very unit measured it
     assert store_root["store"]["train_tokens_per_s"]["value"] == train["train_tokens_per_s"]
-    # No online run in that root: target forward then draft step per token, one after the other.
+    # No online run in that root yet: target forward then draft step per token, one after the other.
     serial = 1 / (1 / extract["extract_tokens_per_s"] + 1 / train["train_tokens_per_s"])
     assert store_root["online"]["train_tokens_per_s"]["value"] == pytest.approx(serial, abs=0.1)
     assert store_root["online"]["train_tokens_per_s"]["basis"] == "estimate"
-    online = _one(roots["online"], "train").extra
-    assert plans["online"]["online"]["train_tokens_per_s"] == {
+    online = modes.online_train.extra
+    assert modes.plans["online"]["online"]["train_tokens_per_s"] == {
         "value": online["train_tokens_per_s"], "basis": "actual",
-        "note": f"train_tokens_per_s of {_one(roots['online'], 'train').dir}"}
+        "note": f"train_tokens_per_s of {modes.online_train.dir}"}
     token_epochs = online["train_tokens_per_epoch"] * online["epochs"]
-    assert plans["online"]["online"]["wall_s"]["train"]["value"] == round(token_epochs / online["train_tokens_per_s"])
-    assert plans["online"]["online"]["bytes_stored"]["value"] == 0
+    assert modes.plans["online"]["online"]["wall_s"]["train"]["value"] == round(
+        token_epochs / online["train_tokens_per_s"])
+    assert modes.plans["online"]["online"]["bytes_stored"]["value"] == 0

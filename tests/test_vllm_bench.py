@@ -7,7 +7,7 @@ Both tests run the stages the way a user does, with no `server.urls`: `stage=gen
 server=vllm` launches the target itself, and `stage=bench server=vllm` launches it twice (alone,
 then with the chain's exported draft, found although the chain's data was generated in-process).
 After each job the test checks that nothing listens on the server's port any more: the stage
-stopped its server. Each startup takes one to two minutes on 2 cores.
+stopped its server. Each startup takes 20-40 s on 2 cores (eager: `tests.vllm_env.EAGER`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.conversation import check_conversation
-from tests.conftest import run_cli
+from tests.conftest import run_cli, unit_dirs
 from tests.vllm_env import assert_stopped as _assert_stopped
 from tests.vllm_env import free_port as _free_port
+from tests.vllm_env import launch_overrides
 from tests.vllm_env import vllm_python as _vllm_python
 
 pytestmark = pytest.mark.slow
 
-# The bench's chain: prompt-only demo data regenerated in-process (hf), a draft trained long
-# enough to be used (accept length ~2.4 at K=3 in-process), its eval at K=3 (~45 s on 2 cores).
-CHAIN = ("dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=40", "generate.max_new_tokens=96",
-         "generate.batch_size=8", "data.eval_size=6", "train.ttt_steps=3", "train.max_epochs=10", "eval.ks=[3]")
+# The bench serves the session's default demo chain (`tests.conftest.demo_chain`: accept length
+# ~2.8 at K=3 in-process); its eval measured K=3 among others.
 K = 3
 GENERATE_PROMPTS = 56
 GENERATE_MAX_NEW = 64
@@ -37,7 +36,7 @@ EVAL_TOLERANCE = 0.15
 
 
 def _server_overrides(python: str, port: int) -> list[str]:
-    return ["server=vllm", f"server.python={python}", f"server.port={port}"]
+    return ["server=vllm", *launch_overrides(python, port)]
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +44,16 @@ def vllm_python():
     return _vllm_python()
 
 
-@pytest.fixture(scope="module")
-def chain_root(tmp_path_factory):
-    """A complete demo chain up to eval (draft exported for vLLM, in-process accept length at K=3)."""
-    root = tmp_path_factory.mktemp("vllm_chain") / "artifacts"
-    work = root.parent / "elsewhere"
-    work.mkdir()
-    done = run_cli(["stage=all", *CHAIN, f"paths.root={root}"], cwd=work, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return root
+def _bench(root, *overrides: str, python: str, port: int):
+    """`stage=bench` at K=3 in the chain's root: (the job, the report of the bench unit it added)."""
+    before = unit_dirs(root, "bench")
+    done = run_cli(["stage=bench", *overrides, f"paths.root={root}", *_server_overrides(python, port),
+                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
+                   cwd=root.parent / "elsewhere", timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    _assert_stopped(port)
+    [unit] = unit_dirs(root, "bench") - before
+    return done, unit
 
 
 def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm_python, tmp_path):
@@ -102,24 +102,17 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
     assert any(m["content"].strip() for m in assistants)
 
 
-def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(vllm_python, chain_root):
-    [train_unit] = [d for d in (chain_root / "train").iterdir() if d.is_dir()]
+def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(vllm_python, demo_chain):
+    train_unit = demo_chain.unit("train")
     assert Manifest.load(train_unit).status == "complete"
-    eval_dirs = [d for d in (chain_root / "eval").iterdir() if d.is_dir()]
-    [eval_report] = [json.loads((d / "eval_report.json").read_text()) for d in eval_dirs]
+    eval_report = json.loads((demo_chain.unit("eval") / "eval_report.json").read_text())
     in_process = eval_report["real"][str(K)]["accept_length"]
 
     started = time.perf_counter()
-    port = _free_port()
-    done = run_cli(["stage=bench", *CHAIN, f"paths.root={chain_root}", *_server_overrides(vllm_python, port),
-                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
-                   cwd=chain_root.parent / "elsewhere", timeout=900)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    [unit] = [d for d in (chain_root / "bench").iterdir() if d.is_dir()]
+    done, unit = _bench(demo_chain.root, python=vllm_python, port=_free_port())
     report = json.loads((unit / "bench_report.json").read_text())
     summary = [line for line in done.stdout.splitlines() if line.startswith("bench: ")]
     print(f"bench in {time.perf_counter() - started:.0f} s: {summary[-1] if summary else report}")
-    _assert_stopped(port)
     assert report["status"] == "ok" and report["k"] == K
     # Both servers launched by the stage; the draft is this chain's vLLM export (its data was
     # generated with server=hf: found without bench.data_backend).
@@ -141,6 +134,8 @@ def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_ev
 
 # Layer variants beside the default layer (model.draft.*; eagle3.draft.options.LAYER_VARIANTS):
 # each set is trained on the chain's data, exported for vLLM only, and served by vLLM's CPU build.
+# A shorter schedule than the default's (~20 s of training; accept length ~2.4 at K=3 in-process).
+VARIANT_TRAINING = ("train.ttt_steps=3", "train.max_epochs=4", "eval.ks=[3]")
 VARIANT_SETS = {
     "fc_norm": ("model.draft.fc_norm=true",),
     "speculators_layer": ("model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true",
@@ -149,34 +144,28 @@ VARIANT_SETS = {
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANT_SETS))
-def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root, variant):
+def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain, variant):
     """The variant's export loads in vLLM, decodes losslessly (the same greedy output as the target
     alone), and vLLM accepts what the in-process eval of the same export accepts at K=3 (a flag
     vLLM ignored would serve another layer and accept less)."""
-    flags = VARIANT_SETS[variant]
-    work = chain_root.parent / "elsewhere"
-    before = {d for d in (chain_root / "train").iterdir() if d.is_dir()}
-    trained = run_cli(["stage=all", *CHAIN, *flags, f"paths.root={chain_root}"], cwd=work, timeout=900)
+    flags = (*VARIANT_SETS[variant], *VARIANT_TRAINING)
+    root = demo_chain.root
+    work = root.parent / "elsewhere"
+    before = unit_dirs(root, "train")
+    trained = run_cli(["stage=all", *flags, f"paths.root={root}"], cwd=work, timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "no sglang export: it cannot serve model.draft." in trained.stdout + trained.stderr
-    [train_unit] = [d for d in (chain_root / "train").iterdir() if d.is_dir() and d not in before]
+    [train_unit] = unit_dirs(root, "train") - before
     served = json.loads((train_unit / "draft" / "vllm" / "config.json").read_text())
-    assert all(served[f.split("=")[0].removeprefix("model.draft.")] is True for f in flags), served
+    assert all(served[f.split("=")[0].removeprefix("model.draft.")] is True for f in VARIANT_SETS[variant]), served
     assert sorted(p.name for p in (train_unit / "draft").iterdir()) == ["vllm"]
-    [eval_unit] = [d for d in (chain_root / "eval").iterdir()
-                   if d.is_dir() and Manifest.load(d).inputs["train"]["path"] == str(train_unit)]
+    [eval_unit] = [d for d in unit_dirs(root, "eval") if Manifest.load(d).inputs["train"]["path"] == str(train_unit)]
     in_process = json.loads((eval_unit / "eval_report.json").read_text())["real"][str(K)]
     assert in_process["lossless"] is True
 
-    port = _free_port()
-    done = run_cli(["stage=bench", *CHAIN, *flags, f"paths.root={chain_root}", *_server_overrides(vllm_python, port),
-                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
-                   cwd=work, timeout=900)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    _assert_stopped(port)
-    [report] = [json.loads((d / "bench_report.json").read_text()) for d in (chain_root / "bench").iterdir()
-                if d.is_dir() and json.loads((d / "bench_report.json").read_text())["draft"] == str(
-                    train_unit / "draft" / "vllm")]
+    _, unit = _bench(root, *flags, python=vllm_python, port=_free_port())
+    report = json.loads((unit / "bench_report.json").read_text())
+    assert report["draft"] == str(train_unit / "draft" / "vllm")
     accept = report["accept"]
     print(f"{variant}: vLLM accept length {accept['accept_length']:.3f}, in-process {in_process['accept_length']:.3f}")
     assert accept["drafts"] > 0 and accept["accept_length"] > 1.05, accept
@@ -185,5 +174,5 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, chain_root
     match = report["outputs_match"]
     assert match["of"] == report["num_prompts"] and match["identical"] == match["of"], match
     # SGLang is refused before anything starts: it has no such layer.
-    refused = run_cli(["stage=bench", *CHAIN, *flags, "server=sglang", f"paths.root={chain_root}"], cwd=work)
+    refused = run_cli(["stage=bench", *flags, "server=sglang", f"paths.root={root}"], cwd=work)
     assert refused.returncode == 2 and "sglang cannot serve this draft layer variant" in refused.stderr

@@ -18,7 +18,7 @@ import torch
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.extract.store import HiddenStateStore
 from tests.conftest import SMALL_DEMO_DATA, run_cli
-from tests.vllm_env import assert_stopped, free_port, vllm_python
+from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,7 @@ def chain(tmp_path_factory):
 
 
 def _vllm(python: str, port: int) -> list[str]:
-    return ["extract.backend=vllm", f"extract.server.python={python}", f"extract.server.port={port}"]
+    return ["extract.backend=vllm", *launch_overrides(python, port, node="extract.server")]
 
 
 def _cli(root: Path, *args: str, timeout: float = 1800):

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import RUN_PY
-from tests.vllm_env import assert_stopped, free_port, vllm_python
+from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 pytestmark = pytest.mark.slow
 
@@ -72,8 +72,8 @@ class Job:
         self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         work = tmp_path / "elsewhere"
         work.mkdir(exist_ok=True)
-        args = [sys.executable, str(RUN_PY), "stage=serve", "server=vllm", f"server.python={python}",
-                f"server.port={port}", "server.speculative.algorithm=null", f"paths.root={tmp_path / 'artifacts'}"]
+        args = [sys.executable, str(RUN_PY), "stage=serve", "server=vllm", *launch_overrides(python, port),
+                "server.speculative.algorithm=null", f"paths.root={tmp_path / 'artifacts'}"]
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(args, cwd=work, stdout=out, stderr=err,
                                          env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1"))

@@ -17,6 +17,16 @@ from eagle3.paths import PROJECT_ROOT
 
 VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON", str(PROJECT_ROOT / ".vllm-venv" / "bin" / "python"))
 
+#: vLLM's CPU build starts ~2.5x faster without torch.compile (the demo target: 50 s cold, 30 s
+#: with a warm compile cache, 20 s eager; BENCHMARKS.md). These tests check launching, protocol,
+#: acceptance and losslessness, not compiled kernels; tests/test_smollm2.py serves compiled, as users do.
+EAGER = "--enforce-eager"
+
+
+def launch_overrides(python: str, port: int, node: str = "server") -> list[str]:
+    """The overrides that launch the server of config node `node` from the test environment, eager."""
+    return [f"{node}.python={python}", f"{node}.port={port}", f"{node}.extra_args=[{EAGER}]"]
+
 
 def vllm_python() -> str:
     if Path(VLLM_PYTHON).is_file():
