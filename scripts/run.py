@@ -16,13 +16,15 @@ import eagle3.config  # noqa: F401  (registers the schema and resolvers before c
 from eagle3.cli import run_job
 from eagle3.config.callbacks import refuse_secrets
 from eagle3.config.secrets import find_secrets_in_overrides
+from eagle3.paths import CONF_DIR
 
 
 class JobFailed(RuntimeError):
     """A sweep job's failure: Hydra records it and runs the sweep's other jobs (sys.exit would not)."""
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+# An absolute config directory: the same whether this file runs as a script or is loaded as a module.
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> None:
     code = run_job(cfg)
     if code and HydraConfig.get().mode == RunMode.MULTIRUN:
