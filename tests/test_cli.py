@@ -9,6 +9,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.stages import stage_names
+from tests.conftest import run_cli
 
 
 def test_unknown_stage_exits_2_listing_valid_stages(cli):
@@ -37,6 +38,31 @@ def test_cfg_job_prints_composed_config(cli):
     result = cli("--cfg", "job", "model=kimi_k25")
     assert result.returncode == 0
     assert "name: kimi_k25" in result.stdout and "capture_layers:" in result.stdout
+
+
+def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
+    """Tests run `stage=plan` and `--cfg` jobs in-process (tests.conftest.run_cli_in_process): the same
+    exit code and lines as the interpreter gives, and the test process as it was."""
+    import torch
+
+    threads = torch.get_num_threads()
+    for args in (["stage=plan", "cpu_threads=0"], ["--cfg", "job", "model=kimi_k25"], ["stage=plan", "cpu_threads=1"]):
+        alone = run_cli([*args, f"paths.root={tmp_path / 'alone'}"], cwd=tmp_path, in_process=False)
+        inside = run_cli([*args, f"paths.root={tmp_path / 'inside'}"], cwd=tmp_path, in_process=True)
+        assert inside.returncode == alone.returncode, (args, inside.stderr[-2000:], alone.stderr[-2000:])
+        assert inside.stderr.replace("inside", "alone") == alone.stderr, args
+        if "--cfg" in args:
+            assert inside.stdout.replace("inside", "alone") == alone.stdout
+        else:
+            inside_lines = _plan_lines((inside.stdout + inside.stderr).replace("inside", "alone"))
+            assert inside_lines == _plan_lines(alone.stdout + alone.stderr), args
+    assert torch.get_num_threads() == threads  # cpu_threads=1 set it in the job, not for the tests after
+
+
+def _plan_lines(log: str) -> list[str]:
+    """The plan's table rows and messages, without timestamps, run directories and free-disk figures."""
+    return [line.split(" - ", 1)[-1] for line in log.splitlines()
+            if line.strip() and "runs/" not in line and "free" not in line and " in " not in line]
 
 
 @pytest.mark.slow

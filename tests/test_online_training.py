@@ -84,6 +84,7 @@ def test_online_mode_writes_no_hidden_state_store(modes):
     train = modes.online_train
     assert train.status == "complete"
     assert train.extra["hidden_states"] == "online" and set(train.inputs) == {"merged", "vocab"}
+    assert set(modes.online_eval.inputs) == {"train", "merged"}  # the eval read no store either
     [train_states, eval_states] = train.extra["states_source"]
     assert train_states["backend"] == "hf"
     # The target ran over the whole train split every epoch.

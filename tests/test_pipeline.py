@@ -33,6 +33,11 @@ def test_stage_all_runs_the_chain_then_skips_everything(demo_chain):
         assert len(record["input_ids"]) == len(record["loss_mask"]) == record["seq_len"]
         assert 0 < sum(record["loss_mask"]) < record["seq_len"]
 
+    # Every input a stage reads is declared in its manifest (and checked before the work reads it).
+    evaluation = demo_chain.manifest("eval")
+    assert set(evaluation.inputs) == {"train", "merged", "extract"}
+    assert evaluation.inputs["merged"]["path"] == str(merged.dir)
+
     vocab = demo_chain.manifest("vocab")
     d2t = torch.load(vocab.dir / "d2t.pt", weights_only=True)
     t2d = torch.load(vocab.dir / "t2d.pt", weights_only=True)

@@ -28,7 +28,7 @@ from eagle3.reports import eval as eval_report
 from eagle3.reports.files import copy_files
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
-from eagle3.stages.train import EXPORT_DIR, TRAIN
+from eagle3.stages.train import EXPORT_DIR, TRAIN, online
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
@@ -40,7 +40,15 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
 
 
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    return {"train": require(TRAIN, cfg, ctx, unit)}
+    """The draft; the merged split whose held-out prompts it decodes; and, unless states come from
+    the target online, the store of the eval split's hidden states it is scored on."""
+    from eagle3.stages.extract import EXTRACT
+    from eagle3.stages.merge import MERGE
+
+    inputs = {"train": require(TRAIN, cfg, ctx, unit), "merged": require(MERGE, cfg, ctx, unit)}
+    if not online(cfg):
+        inputs["extract"] = require(EXTRACT, cfg, ctx, unit)
+    return inputs
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
@@ -52,18 +60,11 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     )
     from eagle3.draft.fit import split_dataset
     from eagle3.extract.sources import online_states
-    from eagle3.stages.extract import EXTRACT
-    from eagle3.stages.merge import MERGE
-    from eagle3.stages.train import online
     from eagle3.tracking import job_loggers
 
-    trained = _unit_inputs(cfg, ctx, unit)["train"]
-    if online(cfg):
-        states = {"merged": require(MERGE, cfg, ctx, unit)}
-        merged_dir = states["merged"].directory
-    else:
-        states = {"extract": require(EXTRACT, cfg, ctx, unit)}
-        merged_dir = states["extract"].input_dir("merged")
+    inputs = _unit_inputs(cfg, ctx, unit)
+    trained, merged_dir = inputs["train"], inputs["merged"].directory
+    states = {"merged": inputs["merged"]} if online(cfg) else {"extract": inputs["extract"]}
     m, ev = cfg.model, cfg.eval
     geometry, draft, head = load_eval_draft(trained.directory / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
                                             revision=m.revision, cache_dir=cfg.paths.hf_cache,
