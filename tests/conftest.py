@@ -16,8 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The test workers (`-n`, pyproject.toml) share the machine's cores: each worker, and every job
+    # or server it starts, takes its share of threads (eagle3.threads reads OMP_NUM_THREADS), since
+    # torch pools that each take every core run several times slower side by side.
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
+from hydra import compose, initialize_config_dir  # noqa: E402  (after the thread budget above)
+from omegaconf import DictConfig  # noqa: E402
 
 import eagle3.config  # noqa: F401  (registers schema + resolvers)
 from eagle3.artifacts import Manifest
@@ -54,13 +62,15 @@ def _cheap(args: list[str]) -> bool:
     return "stage=plan" in args or "--cfg" in args
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = CLI_TIMEOUT_S,
-            in_process: bool | None = None) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cwd: Path, timeout: float = CLI_TIMEOUT_S, in_process: bool | None = None,
+            unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose): in a subprocess, or for a
-    `stage=plan` or `--cfg` job (`in_process=None`) in this one (`run_cli_in_process`)."""
-    if in_process or (in_process is None and _cheap(args)):
+    `stage=plan` or `--cfg` job (`in_process=None`) in this one (`run_cli_in_process`); `unset`:
+    environment variables the subprocess does not inherit."""
+    if in_process or (in_process is None and _cheap(args) and not unset):
         return run_cli_in_process(args, cwd)
-    env = dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
     return subprocess.run(
         [sys.executable, str(RUN_PY), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
@@ -207,3 +217,14 @@ def demo_chain(tmp_path_factory) -> DemoChain:
     done = run_cli(["stage=all", f"paths.root={root}"], cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
     return DemoChain(root, {stage.name: sorted(unit_dirs(root, stage.name)) for stage in CHAIN})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `-n` (pytest-xdist, `--dist loadgroup`): a file's tests run in one worker, so a module
+    fixture is built once; and every test of the session's demo chain runs in one worker, so the
+    chain is built once and no test sees another's units appear in its root halfway."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "demo_chain" if "demo_chain" in getattr(item, "fixturenames", ()) else item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))
