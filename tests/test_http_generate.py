@@ -1,4 +1,4 @@
-"""Stage `generate` over HTTP (server=vllm|sglang with server.urls): the OpenAI-compatible client.
+"""Stage `generate` over HTTP (generate.backend=vllm|sglang with generate.server.urls): the OpenAI-compatible client.
 
 Every test talks to real HTTP endpoints on 127.0.0.1 (`MockChatServer`, an aiohttp app on a
 random port that answers like vLLM/SGLang with their reasoning and tool-call parsers on):
@@ -51,13 +51,15 @@ UNIT = "demo_prompts"
 N_CONVS = 60
 DATA = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={N_CONVS}",
         "generate.batch_size=4", "generate.max_new_tokens=64")
+# Generating through SGLang: the backend and its server node.
+SGLANG = ("generate.backend=sglang", "server@generate.server=sglang")
 # Fast retries for tests: the schedule, not the clock, decides what fails.
 FAST = ("generate.http.backoff_s=0.01", "generate.http.max_backoff_s=0.05", "generate.http.connect_wait_s=10",
         "generate.http.log_every_s=0.5")
 
 
 def _urls(*urls: str) -> str:
-    return f"server.urls=[{','.join(urls)}]"
+    return f"generate.server.urls=[{','.join(urls)}]"
 
 
 def _settings(*urls: str, **kw) -> HTTPSettings:
@@ -147,7 +149,7 @@ def test_backoff_is_exponential_capped_and_jittered():
 
 
 def test_config_validation_of_the_client_keys():
-    cfg = compose_config(["server=vllm", _urls("http://127.0.0.1:1"),
+    cfg = compose_config(["generate.backend=vllm", _urls("http://127.0.0.1:1"),
                           "generate.http.partitions=[{max_context:100,concurrency:0},{max_context:100,concurrency:2}]",
                           "generate.http.endpoint_strategy=random", "generate.http.max_attempts=0",
                           "generate.http.thinking_keys=[]", "+generate.http.extra_body.seed=3"])
@@ -155,7 +157,7 @@ def test_config_validation_of_the_client_keys():
     for key in ("partitions[0].concurrency", "generate.http.partitions:", "endpoint_strategy", "max_attempts",
                 "thinking_keys", "extra_body.seed"):
         assert key in errors, (key, errors)
-    assert check_config(compose_config(["server=sglang", _urls("http://127.0.0.1:1")])) == []
+    assert check_config(compose_config([*SGLANG, _urls("http://127.0.0.1:1")])) == []
 
 
 # ----------------------------------------------------------------------------- the client
@@ -253,8 +255,8 @@ def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
             backend.generate(_requests(1), PARAMS)
         finally:
             backend.close()
-    cfg = compose_config(["server=vllm"])
-    with pytest.raises(BackendUnavailable, match="server.urls"):
+    cfg = compose_config(["generate.backend=vllm"])
+    with pytest.raises(BackendUnavailable, match="generate.server.urls"):
         make_backend(cfg)
     assert isinstance(make_backend(cfg, urls=["http://127.0.0.1:9"]), HTTPBackend)  # a launcher's URLs
 
@@ -289,8 +291,8 @@ def _check_complete_and_exact(manifest: Manifest, prep_ids: list[str]) -> tuple[
 
 def test_a_cli_generate_over_http_writes_canonical_conversations_with_reasoning(tmp_path):
     with MockChatServer(reasoning_field="reasoning", tool_every=6, record_bodies=True) as server:
-        cfg, ctx = _prepare(tmp_path / "artifacts", "server=vllm", _urls(server.url))
-        done = run_cli([*DATA, "stage=generate", "server=vllm", _urls(server.url), *FAST,
+        cfg, ctx = _prepare(tmp_path / "artifacts", "generate.backend=vllm", _urls(server.url))
+        done = run_cli([*DATA, "stage=generate", "generate.backend=vllm", _urls(server.url), *FAST,
                         f"paths.root={tmp_path / 'artifacts'}"], cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         assert "[generate] demo_prompts" in done.stdout + done.stderr
@@ -324,7 +326,7 @@ def test_a_cli_generate_over_http_writes_canonical_conversations_with_reasoning(
 
 
 FAULTY = FaultPlan(seed=7, p_fault=0.35, max_faulty_attempts=2, stall_s=2.0)  # every request gets through
-FAULT_CLIENT = ("server=vllm", "generate.http.request_timeout_s=1.0", "generate.http.max_attempts=5",
+FAULT_CLIENT = ("generate.backend=vllm", "generate.http.request_timeout_s=1.0", "generate.http.max_attempts=5",
                 "generate.http.inflight_batches=2", *FAST)
 
 
@@ -376,7 +378,7 @@ def test_c_several_endpoints_one_dead_share_the_load_and_match_one_endpoint(tmp_
     servers = [MockChatServer(latency_s=0.03, tool_every=7, length_every=9).start() for _ in range(4)]
     try:
         *many, single = servers
-        shared = ("server=sglang", *FAST, "generate.http.inflight_batches=4")
+        shared = (*SGLANG, *FAST, "generate.http.inflight_batches=4")
         cfg, ctx = _prepare(tmp_path / "many", *shared, _urls(*(s.url for s in many), "http://127.0.0.1:9"))
         [multi] = GENERATE(cfg, ctx)
         one_cfg, one_ctx = _prepare(tmp_path / "one", *shared, _urls(single.url))
@@ -401,7 +403,7 @@ def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run
     try:
         shared = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.data_files=[{fixture}]",
                   "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4",
-                  "generate.length_policy=drop", "server=vllm", *FAST, "generate.http.inflight_batches=3",
+                  "generate.length_policy=drop", "generate.backend=vllm", *FAST, "generate.http.inflight_batches=3",
                   _urls(server.url))
 
         def generate(root: Path, n: int, *overrides: str) -> Manifest:
@@ -419,7 +421,7 @@ def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run
         # All batches of a sample of 8 ran before: no server is launched (none could be: the
         # test's interpreter has no vLLM) and none is asked.
         before = server.stats["ok"]
-        shrunk = generate(tmp_path / "fresh", 8, "server.urls=[]")
+        shrunk = generate(tmp_path / "fresh", 8, "generate.server.urls=[]")
         assert server.stats["ok"] == before and shrunk.extra["backend"]["loaded"] is False
         assert shrunk.extra["this_run"]["batches_reused"] == 2 and shrunk.counts["in"] == 8
     finally:

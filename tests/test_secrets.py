@@ -242,7 +242,8 @@ AWS_ID = "AKIAIOSFODNN7EXAMPLE"
     (f"+server.env.NGC_CLI_KEY={NGC}", "server.env.NGC_CLI_KEY", NGC),
     (f"+server.env.AZURE_OPENAI_KEY={AZURE_HEX}", "server.env.AZURE_OPENAI_KEY", AZURE_HEX),
     (f"+server.env.ngc_cli_key={AZURE_HEX}", "server.env.ngc_cli_key", AZURE_HEX),
-], ids=["ngc", "azure-hex", "lower-case-env"])
+    (f"+generate.server.env.ngc_cli_key={AZURE_HEX}", "generate.server.env.ngc_cli_key", AZURE_HEX),
+], ids=["ngc", "azure-hex", "lower-case-env", "generate-server-env"])
 def test_env_style_keys_and_ngc_keys_are_refused_before_hydra_writes_anything(run, override, key, secret):
     proc, root, cwd = run("stage=plan", override)
     assert_refused_and_nothing_written(proc, root, cwd, key, secret)

@@ -59,6 +59,13 @@ def test_the_extraction_server_is_checked_the_same_way():
            "valid: <= 0.85" in errors
 
 
+def test_the_generation_server_is_checked_the_same_way_when_generate_uses_it():
+    flags = ["server@generate.server=sglang_sm120", "generate.server.extra_args=[--attention-backend,fa3]"]
+    assert errors_for(flags) == []  # generate.backend=hf: no server generates
+    assert errors_for(["generate.backend=sglang", *flags]) == [
+        f"generate.server.extra_args: '--attention-backend fa3' {KERNEL_LINE}"]
+
+
 def test_what_runs_on_sm120_passes_and_replaces_the_launchers_defaults():
     overrides = ["server=sglang_sm120", "server.kernels.attention_backend=null", "server.speculative.algorithm=null",
                  "server.extra_args=[--attention-backend,flashinfer,'--mem-fraction-static=0.8']"]

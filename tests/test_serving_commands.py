@@ -18,7 +18,7 @@ from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
 from eagle3.draft.model import Eagle3Draft
 from eagle3.paths import asset_path
-from eagle3.serving.commands import ServerConfigError, build_command, sglang_command
+from eagle3.serving.commands import ServerConfigError, build_command, launch_config, sglang_command
 from eagle3.serving.rules import speculative_algorithm_error
 from eagle3.stages import check_config
 from eagle3.target_info import read_config as target_text_config
@@ -177,6 +177,18 @@ def test_without_speculation_no_draft_flags_but_the_same_cpu_environment():
     sglang = command_for(["server=sglang", "server.speculative.algorithm=null"])
     assert not any(a.startswith("--speculative") for a in sglang.argv) and sglang.env == {}
     assert "--trust-remote-code" not in sglang.argv  # the demo target needs no custom code
+
+
+def test_generate_launches_its_own_server_node_not_the_serving_one():
+    """Stage generate hands the launcher `generate.server` (as extract does `extract.server`): an SGLang
+    generation server on sm120 while `server` says vLLM serves the draft."""
+    cfg = compose_config([*KIMI, "generate.backend=sglang", "server@generate.server=sglang_sm120", "server=vllm",
+                          "generate.server.speculative.algorithm=null", "generate.server.port=31000"])
+    assert check_config(cfg) == []
+    cmd = build_command(launch_config(cfg, "generate.server"))
+    assert cmd.backend == "sglang" and cmd.port == 31000 and cmd.argv[cmd.argv.index("--attention-backend") + 1] == "triton"
+    assert not any(a.startswith("--speculative") for a in cmd.argv)
+    assert cfg.server.backend == "vllm"  # the caller's config is untouched
 
 
 def test_user_env_wins_and_extra_args_come_last(drafts, tmp_path):

@@ -33,8 +33,8 @@ def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     port = free_port()
     root = tmp_path / "artifacts"
     (tmp_path / "elsewhere").mkdir()
-    done = run_cli(["stage=all", "experiment=smollm2", *SMALL, f"server.python={python}", f"server.port={port}",
-                    f"paths.root={root}"], cwd=tmp_path / "elsewhere")
+    done = run_cli(["stage=all", "experiment=smollm2", *SMALL, f"generate.server.python={python}",
+                    f"generate.server.port={port}", f"paths.root={root}"], cwd=tmp_path / "elsewhere")
     assert done.returncode == 0, done.stderr[-4000:]
     assert_stopped(port)
 

@@ -39,7 +39,8 @@ def _retrain_same_shape(checkpoint: Path) -> None:
 
 
 def _generate_config(path: Path, root: Path, *extra: str):
-    cfg = compose_config([f"model.path={path}", f"paths.root={root}", "server=vllm", "dataset=demo_prompts", *extra])
+    cfg = compose_config([f"model.path={path}", f"paths.root={root}", "generate.backend=vllm", "dataset=demo_prompts",
+                          *extra])
     return GENERATE.unit_config(cfg, next(iter(cfg.dataset.sources)))
 
 
@@ -53,9 +54,11 @@ def test_generate_fingerprint_follows_the_weights_not_the_path(tmp_path):
     assert (first / "model.safetensors").stat().st_size == size
     assert _generate_config(first, tmp_path / "art") != before  # same names and sizes, new weights
     # How the engine serves the target changes what it generates, so it counts too.
-    assert _generate_config(moved, tmp_path / "art", "server.dtype=float16") != before
-    assert _generate_config(moved, tmp_path / "art", "server.context_length=4096") != before
-    assert _generate_config(moved, tmp_path / "art", "server.reasoning_parser=deepseek_r1") != before
+    assert _generate_config(moved, tmp_path / "art", "generate.server.dtype=float16") != before
+    assert _generate_config(moved, tmp_path / "art", "generate.server.context_length=4096") != before
+    assert _generate_config(moved, tmp_path / "art", "generate.server.reasoning_parser=deepseek_r1") != before
+    # The engine that serves the draft does not generate: it changes nothing here.
+    assert _generate_config(moved, tmp_path / "art", "server=sglang", "server.dtype=float16") == before
 
 
 def _big_checkpoint(directory: Path, seed: int = 0, bump: str | None = None) -> Path:

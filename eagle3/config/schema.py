@@ -177,7 +177,7 @@ def _default_partitions() -> list[GeneratePartitionConfig]:
 
 @dataclass
 class GenerateHTTPConfig:
-    """The client of OpenAI-compatible servers (server.backend vllm | sglang) in stage generate.
+    """The client of OpenAI-compatible servers (generate.backend vllm | sglang) in stage generate.
 
     Only `chat_template_kwargs`, `thinking_keys` and `extra_body` change what is generated, so
     only they enter the output fingerprint; the rest says how fast and how stubbornly the client
@@ -216,6 +216,8 @@ class GenerateHTTPConfig:
 class GenerateConfig:
     """Regeneration of prompt-only conversations through the target (stage generate)."""
 
+    # hf = transformers in this process; vllm | sglang = an OpenAI-compatible server, `server` below.
+    backend: str = "hf"
     max_new_tokens: int = 256
     temperature: float = 0.6
     top_p: float = 0.95
@@ -225,9 +227,13 @@ class GenerateConfig:
     length_policy: str = "keep_flagged"  # keep_flagged | drop
     # Copy batches that an earlier generate output of the same source ran under the same config
     # (a smaller num_samples: its sample is a prefix) instead of generating them again.
-    # Client of running vLLM/SGLang servers (server=vllm|sglang server.urls=[http://HOST:PORT,...]).
     reuse_earlier: bool = True
+    # Client of the vLLM/SGLang server (generate.backend=vllm|sglang), launched or at generate.server.urls.
     http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
+    # The server of generate.backend=vllm|sglang: launched for the stage, or running at its `urls`
+    # (conf/config.yaml composes server/vllm.yaml here; SGLang: server@generate.server=sglang). Apart
+    # from `server`, the engine that serves the draft: data generated in one place is served in another.
+    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
@@ -287,8 +293,8 @@ class ExtractConfig:
     assume_free_bytes: Optional[int] = None
     http: ExtractHTTPConfig = field(default_factory=ExtractHTTPConfig)
     # The vLLM server of extract.backend=vllm (conf/config.yaml composes server/vllm.yaml here, so it
-    # can differ from `server`, the engine that generates and serves; the Kimi plan generates with
-    # SGLang and extracts with vLLM). It runs the target in model.dtype.
+    # can differ from generate.server and from `server`, the engine that serves; the Kimi plan
+    # generates with SGLang and extracts with vLLM). It runs the target in model.dtype.
     server: ServerConfig = field(default_factory=ServerConfig)
 
 

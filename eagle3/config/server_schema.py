@@ -1,4 +1,5 @@
-"""The schema of the serving engines' config nodes: `server` (and `extract.server`), `serve`, `bench`.
+"""The schema of the serving engines' config nodes: `server` (also `generate.server`, `extract.server`), `serve`,
+`bench`.
 
 Part of the schema (`eagle3.config.schema`, whose docstring states the rule: every default lives
 here, next to its type, and a YAML file sets only what its option changes).
@@ -43,7 +44,11 @@ class KernelBackendsConfig:
 
 @dataclass
 class ServerConfig:
-    """The engine that serves the target (and draft): in-process HF or an HTTP server."""
+    """The engine that serves the target (and draft): in-process HF or an HTTP server.
+
+    `server` serves the draft (stages serve, bench); `generate.server` and `extract.server` are the
+    servers stage generate and extract launch or connect to.
+    """
 
     backend: str = "hf"  # hf | sglang | vllm
     # generic | sm120 | h200 | cpu (vLLM's CPU build: VLLM_CPU_* env, libiomp5 preloaded for EAGLE-3)
@@ -79,9 +84,6 @@ class ServeConfig:
     # Serve extract.server as extract.backend=vllm launches it (vLLM's extract_hidden_states method with
     # eagle3's connector) for jobs elsewhere to use through extract.server.urls, instead of `server`.
     hidden_states: bool = False
-    # server.backend the chain generated its data with, where the draft is found; null = the
-    # served backend if it has a chain, else the one backend that does (eagle3/stages/chain.py).
-    data_backend: Optional[str] = None
 
 
 @dataclass
@@ -100,7 +102,3 @@ class BenchConfig:
     # At or below this accept length under speculation the draft is unused: FAILED, not a number.
     min_accept_length: float = 1.05
     request_timeout_s: float = 600.0
-    # server.backend the chain generated its data with (part of the fingerprints of merge, train
-    # and eval, where bench finds prompts, draft and eval); null = the benchmarked backend if it
-    # has a chain, else the one backend that does (eagle3/stages/chain.py).
-    data_backend: Optional[str] = None

@@ -17,7 +17,6 @@ use the one capture convention (capture i = the residual stream entering decoder
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import logging
 import shutil
@@ -129,7 +128,7 @@ def exchange_dir(cfg: DictConfig) -> Path:
 def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
     """The command of a vLLM server that hands out this config's hidden states (`extract.server`)."""
     from eagle3.extract import vllm_connector
-    from eagle3.serving.commands import HiddenStateExport, vllm_command
+    from eagle3.serving.commands import HiddenStateExport, launch_config, vllm_command
 
     plugin_dir = Path(run_dir) / "vllm_plugin"
     plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -139,8 +138,7 @@ def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
                                plugin_dir=str(plugin_dir), connector_module=PLUGIN_MODULE,
                                connector=vllm_connector.CONNECTOR_NAME,
                                max_model_len=max(int(context or 0), int(cfg.data.max_len) + 1))
-    launch = copy.deepcopy(cfg)
-    launch.server = copy.deepcopy(launch.extract.server)  # the launcher reads `server`
+    launch = launch_config(cfg, "extract.server")  # the launcher reads `server`
     OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)  # it extracts, it does not draft
     return vllm_command(launch, hidden_states=export)
 

@@ -1,6 +1,6 @@
 """The `vllm` / `sglang` generation backend: an async client of OpenAI-compatible servers.
 
-One `HTTPBackend` talks to one or many endpoints (`server.urls`, or the URLs a launcher
+One `HTTPBackend` talks to one or many endpoints (`generate.server.urls`, or the URLs a launcher
 passes to `make_backend`) and behaves like any other GenerationBackend: `generate` takes a
 batch of requests and returns results in request order. Underneath, every request is its own
 asyncio task on one event loop (a daemon thread owned by the backend), so several stage threads
@@ -132,7 +132,7 @@ class HTTPBackend:
                 `settings.chars_per_token` (pass a tokenizer-based count if one is at hand).
         """
         if not settings.urls:
-            raise BackendUnavailable(f"server.backend={settings.backend}: no endpoint URLs")
+            raise BackendUnavailable(f"generate.backend={settings.backend}: no endpoint URLs")
         self.settings = settings
         self.name = settings.backend
         self._count_tokens = token_counter or (lambda r: estimate_prompt_tokens(r, settings.chars_per_token))
@@ -157,19 +157,19 @@ class HTTPBackend:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> HTTPBackend:
-        """The backend for `cfg.server.backend` at `urls` (None = `server.urls`), with `generate.http`'s knobs.
+        """The backend `generate.backend` at `urls` (None = `generate.server.urls`), with `generate.http`'s knobs.
 
         Raises:
             BackendUnavailable: No URL to talk to.
         """
-        backend = str(cfg.server.backend)
-        urls = [str(u) for u in (urls if urls is not None else cfg.server.urls)]
+        backend = str(cfg.generate.backend)
+        urls = [str(u) for u in (urls if urls is not None else cfg.generate.server.urls)]
         if not urls:
             raise BackendUnavailable(
-                f"server.backend={backend}: no server to talk to; set server.urls=[http://HOST:PORT,...] to "
-                f"running {backend} servers (stage generate launches one itself when they are not set), "
-                "or use server=hf (in-process transformers)")
-        return cls(HTTPSettings.from_config(cfg.generate.http, urls=urls, backend=str(cfg.server.backend),
+                f"generate.backend={backend}: no server to talk to; set generate.server.urls=[http://HOST:PORT,...] "
+                f"to running {backend} servers (stage generate launches one itself when they are not set), "
+                "or use generate.backend=hf (in-process transformers)")
+        return cls(HTTPSettings.from_config(cfg.generate.http, urls=urls, backend=backend,
                                             fallback_model=str(cfg.model.path)))
 
     def describe(self) -> dict[str, Any]:
@@ -223,7 +223,7 @@ class HTTPBackend:
             self._stop_if_dead(self.settings.urls)
             if time.monotonic() >= deadline:
                 raise BackendUnavailable(
-                    f"server.backend={self.name}: no endpoint answered within {self.settings.connect_wait_s:g} s "
+                    f"generate.backend={self.name}: no endpoint answered within {self.settings.connect_wait_s:g} s "
                     f"(generate.http.connect_wait_s): " + "; ".join(f"{u} -> {e}" for u, e in last.items()))
             await asyncio.sleep(1.0)
         for ep in self._endpoints:
@@ -352,7 +352,7 @@ class HTTPBackend:
         limit = settings.max_consecutive_failures
         if limit and self._consecutive_failures >= limit and self._fatal is None:
             self._stop(BackendUnavailable(
-                f"server.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
+                f"generate.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
                 f"{settings.max_attempts} attempts each (last: {failure.kind}: {' '.join(failure.detail.split())}); "
                 f"the endpoints "
                 f"{', '.join(settings.urls)} look down. Stopping; a rerun resumes where this one stopped "

@@ -35,7 +35,7 @@ class HTTPSettings:
 
     Attributes:
         urls: Base URLs of the endpoints.
-        backend: `server.backend` (vllm | sglang), for messages and the manifest.
+        backend: `generate.backend` (vllm | sglang), for messages and the manifest.
         model: Served model name; None = ask /v1/models.
         fallback_model: The name used when the server cannot say (no /v1/models): model.path.
     """

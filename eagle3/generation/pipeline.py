@@ -125,7 +125,7 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
                     len(retried), "/".join(sorted(RETRYABLE_REJECT_REASONS)))
     batch_size = int(cfg.generate.batch_size)
     if earlier and earlier.covers(source, batch_size, out.is_done):
-        backend: Any = _NoModel(cfg.server.backend)  # every batch is copied: load nothing
+        backend: Any = _NoModel(cfg.generate.backend)  # every batch is copied: load nothing
     else:
         backend = make_backend(cfg)  # fails fast for a backend that cannot generate
     inflight = inflight_batches(cfg, backend)

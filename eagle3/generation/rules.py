@@ -1,4 +1,4 @@
-"""The config rules of generation (`generate.*`, its HTTP client settings included).
+"""The config rules of generation (`generate.*`: its HTTP client, and its server when `generate.backend` is one).
 
 Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config.validate.validate_config`.
 """
@@ -11,11 +11,17 @@ from eagle3.config.checks import ConfigErrors
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
+from eagle3.serving.engines import ENGINES, SERVER_BACKENDS
+from eagle3.serving.rules import check_server
 
 
 def check_generate(cfg: DictConfig, err: ConfigErrors) -> None:
-    """`generate.*`: sampling settings, the length policy and the HTTP client's partitions and limits."""
+    """`generate.*`: the backend (and its server), sampling settings, the length policy and the HTTP
+    client's partitions and limits."""
     gen = cfg.generate
+    err.choice("generate.backend", gen.backend, SERVER_BACKENDS)
+    if gen.backend in ENGINES:
+        _check_generate_server(cfg, err)
     err.positive("generate.max_new_tokens", gen.max_new_tokens)
     err.positive("generate.batch_size", gen.batch_size)
     err.positive("generate.max_user_turns", gen.max_user_turns)
@@ -24,6 +30,16 @@ def check_generate(cfg: DictConfig, err: ConfigErrors) -> None:
         err.add("generate.top_p", gen.top_p, "a probability mass", "(0, 1]")
     err.choice("generate.length_policy", gen.length_policy, LENGTH_POLICIES)
     _check_generate_http(gen.http, err)
+
+
+def _check_generate_server(cfg: DictConfig, err: ConfigErrors) -> None:
+    """generate.backend=vllm|sglang: `generate.server` is that engine, and passes every server rule."""
+    backend, server = cfg.generate.backend, cfg.generate.server
+    if server.backend != backend:
+        err.add("generate.backend", backend, f"generate.server.backend is {server.backend!r}: generate would "
+                f"launch (or talk to) a {server.backend} server", f"{server.backend}, or keep {backend} and add "
+                f"server@generate.server={backend} (conf/config.yaml composes server/vllm.yaml into generate.server)")
+    check_server(server, cfg.model, err, key="generate.server")
 
 
 def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:

@@ -1,7 +1,7 @@
 """The generation-backend interface and its types: what stage `generate` asks of a target.
 
 A leaf module (it imports only `eagle3.errors`): backends, the regeneration loop and the stage all speak these
-types, and `eagle3.generation.factory` maps `server.backend` names to implementations.
+types, and `eagle3.generation.factory` maps `generate.backend` names to implementations.
 
 
 The stage speaks in chat messages, not tokens, because that is what every serving engine speaks:
@@ -144,7 +144,7 @@ class GenerationBackend(Protocol):
     """A target that answers chat requests in batches (in-process or behind an HTTP server).
 
     Attributes:
-        name: The `server.backend` name.
+        name: The `generate.backend` name.
         independent_requests: Whether a request's result depends only on the request and
             `SamplingParams.seed`, not on the other requests of the call. True lets a rerun
             send only the missing conversations of a batch (keeping the batch's seed); a
@@ -160,8 +160,8 @@ class GenerationBackend(Protocol):
         """The backend for a composed config (nothing loaded or connected yet).
 
         Args:
-            cfg: The composed config (`server`, `model`, `generate.http`).
-            urls: Base URLs of running servers, for the HTTP backends (None = `server.urls`).
+            cfg: The composed config (`generate.backend`, `generate.server`, `generate.http`, `model`).
+            urls: Base URLs of running servers, for the HTTP backends (None = `generate.server.urls`).
         """
         ...
 

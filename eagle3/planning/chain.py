@@ -299,7 +299,7 @@ def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
             "model_source": _model_source(cfg), "num_layers": int(m.num_layers), "vocab_size": int(m.vocab_size),
             "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
             "draft_vocab_size": g.draft_vocab_size, "fc_in_features": g.fc_in_features,
-            "server_backend": str(cfg.server.backend), "root": str(ctx.root),
+            "generate_backend": str(cfg.generate.backend), "root": str(ctx.root),
             "data": {"scale": cfg.data.scale, "eval_size": int(cfg.data.eval_size)},
             "sources": {n: {"track": str(s.track), "num_samples": s.num_samples, "weight": float(s.weight)}
                         for n, s in cfg.dataset.sources.items()}}

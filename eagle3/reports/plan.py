@@ -56,7 +56,7 @@ def _title(h: dict) -> str:
     tracks = [s["track"] for s in h["sources"].values()]
     mix = ", ".join(f"{tracks.count(t)} {t}" for t in sorted(set(tracks)))
     return (f"eagle3 plan: {exp}dataset={h['dataset']} ({len(tracks)} sources: {mix}), model={h['model']}, "
-            f"generate backend {h['server_backend']}")
+            f"generate.backend={h['generate_backend']}")
 
 
 def model_line(h: dict) -> str:

@@ -43,6 +43,7 @@ launcher would derive (sm120's `--attention-backend triton` / `--mem-fraction-st
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.secrets import redact_text
@@ -77,6 +78,7 @@ __all__ = [
     "base_url",
     "build_command",
     "draft_errors",
+    "launch_config",
     "server_venv",
     "sglang_command",
     "vllm_command",
@@ -398,6 +400,17 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
     env.update(_common_env(cfg))
     env.update(_user_env(server))
     return ServerCommand(VLLM, argv, env, str(server.host), int(server.port), draft)
+
+
+def launch_config(cfg: DictConfig, node: str) -> DictConfig:
+    """A copy of `cfg` whose `server` is the server node at `node` (`generate.server`, `extract.server`).
+
+    The launcher reads `server`; the stages that launch a server of their own (generate, extract)
+    hand it this copy, so `server`, the engine that serves the draft, is never theirs.
+    """
+    launch = copy.deepcopy(cfg)
+    launch.server = copy.deepcopy(OmegaConf.select(launch, node, throw_on_missing=True))
+    return launch
 
 
 def build_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:

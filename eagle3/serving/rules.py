@@ -1,7 +1,8 @@
 """The server rules: what `server.*` (and `bench.*`) must satisfy before anything is launched.
 
-Checked twice: by `eagle3.config.validate` before any stage runs (`check_servers`, listed in
-`eagle3.stages`), and again by the launcher (`eagle3.serving.commands`) with the actual draft
+Checked twice: by `eagle3.config.validate` before any stage runs (`check_servers` for `server`,
+listed in `eagle3.stages`; `check_server` for `generate.server` and `extract.server`, run by the
+rules of generation and extraction), and again by the launcher (`eagle3.serving.commands`) with the actual draft
 directory, so a config that bypassed the entrypoint still cannot bind a public address or serve an
 EAGLE-3 draft with EAGLE. They encode the failures that cost real projects weeks (docs/design.md,
 'Facts: SGLang', 'Facts: sm120'): the EAGLE-vs-EAGLE3 flag, kernels that do not exist on sm120,
@@ -61,21 +62,23 @@ def draft_kind(draft_path: Optional[str]) -> Optional[str]:
     return "eagle3" if "eagle3" in str(draft_path).lower().replace("-", "") else None
 
 
-def speculative_algorithm_error(algorithm: Optional[str], draft_path: Optional[str]) -> Optional[str]:
+def speculative_algorithm_error(algorithm: Optional[str], draft_path: Optional[str],
+                                key: str = "server") -> Optional[str]:
     """The one-line error for a speculative algorithm that does not fit the draft, or None.
 
     `draft_path` None means the draft this pipeline exports (EAGLE-3). Shared by config
     validation and the launcher, which checks again once it knows the actual draft directory.
+    `key` is the server node's place in the config, named in the line.
     """
     err = ConfigErrors()
     kind = draft_kind(None if draft_path is None else str(draft_path))
     if algorithm == EAGLE and kind == "eagle3":
-        err.add("server.speculative.algorithm", EAGLE,
+        err.add(f"{key}.speculative.algorithm", EAGLE,
                 "the draft is EAGLE-3: with EAGLE the server feeds it the final hidden state "
                 "instead of the 3 captured layers, the fc fusion layer is bypassed and accept "
                 "length collapses to ~1.0", EAGLE3)
     elif algorithm == EAGLE3 and kind == "eagle":
-        err.add("server.speculative.algorithm", EAGLE3,
+        err.add(f"{key}.speculative.algorithm", EAGLE3,
                 f"the draft at {draft_path} is EAGLE(-1/2): EAGLE3 feeds it 3 captured layers "
                 "it was not trained on", "EAGLE, or an EAGLE-3 draft")
     return err.lines[0] if err.lines else None
@@ -159,7 +162,8 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
     """Every rule of a server node into `err` (`draft_path`: as in `server_errors`).
 
     Args:
-        key: Where the node sits in the config (`server`, or `extract.server`), named in errors.
+        key: Where the node sits in the config (`server`, `generate.server` or `extract.server`), named in
+            errors.
     """
     err.choice(f"{key}.backend", server.backend, SERVER_BACKENDS)
     err.choice(f"{key}.profile", server.profile, PROFILES)
@@ -178,7 +182,7 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
     spec = server.speculative
     err.choice(f"{key}.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
     mismatch = speculative_algorithm_error(spec.algorithm,
-                                           spec.draft_path if draft_path is _FROM_CONFIG else draft_path)
+                                           spec.draft_path if draft_path is _FROM_CONFIG else draft_path, key)
     if mismatch:
         err.lines.append(mismatch)
     if spec.algorithm is not None:
@@ -236,11 +240,10 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
 
 
 def check_servers(cfg: DictConfig, err: ConfigErrors) -> None:
-    """Every config's `server.*`, and the backend whose chain `bench` and `serve` read data from
-    (`*.data_backend`); run for every config by `eagle3.config.validate.validate_config`."""
+    """Every config's `server.*` (the engine that serves the draft); run for every config by
+    `eagle3.config.validate.validate_config`. `generate.server` and `extract.server` are checked by
+    the rules of generation and extraction when their backend uses them."""
     check_server(cfg.server, cfg.model, err)
-    for key in ("bench.data_backend", "serve.data_backend"):
-        err.choice(key, OmegaConf.select(cfg, key), SERVER_BACKENDS, allow_none=True)
 
 
 def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:

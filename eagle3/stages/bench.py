@@ -19,11 +19,11 @@ forward, excluding the prefill token, as `stage=eval` counts it.
 
 An accept length <= `bench.min_accept_length` under speculation means the draft is not
 used at all; it is reported as a FAILED benchmark with the likely causes, not as a number, and
-the job exits non-zero. The chain's outputs (prompts, draft, eval) are looked up under the
-benchmarked `server.backend`, else under the one other backend that generated a chain (the demo
-chain runs on `hf`; `bench.data_backend` chooses when several did; `eagle3.stages.chain`).
-When the in-process eval of this config is complete, its accept length at the same K
-(`server.speculative.num_steps`) is put beside the engine's, with the relative difference.
+the job exits non-zero. The chain's outputs (prompts, draft, eval) are this config's: its data
+was generated with `generate.backend`, whatever engine `server` benchmarks (the demo chain
+generates in-process and is benchmarked on vLLM with `server=vllm`). When the in-process eval of
+this config is complete, its accept length at the same K (`server.speculative.num_steps`) is put
+beside the engine's, with the relative difference.
 Whether both servers produced the same greedy tokens is reported too.
 
 Results: `bench_report.json`, `bench_report.md`, `bench.png` in the unit directory and the run
@@ -82,6 +82,9 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
         server.pop("urls", None)
     bench = config_dict(cfg.bench, resolve=True)
     bench.pop("request_timeout_s", None)
+    # A key bench no longer has (issue 23: the chain is the config's own, found without a search),
+    # kept at its old value so that benches of earlier versions keep their fingerprints.
+    bench["data_backend"] = None
     if not _connect_mode(cfg):
         bench.pop("baseline_urls", None)
     model = target_identity(str(cfg.model.path), cfg.model.revision, cfg.paths.hf_cache)
@@ -89,25 +92,13 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
             "format": FORMAT_VERSION}
 
 
-def _chain(cfg: DictConfig, ctx: StageContext, unit: str) -> DictConfig:
-    """The config under which this bench's chain (merge, train, eval) is found (`eagle3.stages.chain`)."""
-    from eagle3.stages.chain import chain_config
-    from eagle3.stages.merge import MERGE
-
-    return chain_config(cfg, ctx, MERGE, unit, cfg.bench.data_backend, key="bench.data_backend")
-
-
-def _require(stage: UnitStage, cfg: DictConfig, ctx: StageContext, unit: str) -> Manifest:
-    return require(stage, _chain(cfg, ctx, unit), ctx, unit)
-
-
 def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     from eagle3.stages.merge import MERGE
     from eagle3.stages.train import TRAIN
 
-    inputs = {"merged": _require(MERGE, cfg, ctx, unit)}
+    inputs = {"merged": require(MERGE, cfg, ctx, unit)}
     if not _connect_mode(cfg) and cfg.server.speculative.draft_path is None:
-        inputs["train"] = _require(TRAIN, cfg, ctx, unit)
+        inputs["train"] = require(TRAIN, cfg, ctx, unit)
     return inputs
 
 
@@ -159,7 +150,7 @@ def _eval_figure(cfg: DictConfig, ctx: StageContext, unit: str, k: int) -> Optio
     from eagle3.stages.eval import EVAL
 
     try:
-        where, manifest = EVAL.locate(_chain(cfg, ctx, unit), ctx, unit)
+        where, manifest = EVAL.locate(cfg, ctx, unit)
     except MissingInput:
         return None
     report_path = where / EVAL_REPORT_FILES["json"]

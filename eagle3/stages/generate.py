@@ -2,14 +2,16 @@
 
 EAGLE-3 learns the *target's* next-token distribution, so answers written by another model are
 replaced (docs/design.md, 'Two tracks'): each prompt-only conversation from prep is replayed user
-turn by user turn against the backend `server.backend` names, with the source's thinking mode.
+turn by user turn against the backend `generate.backend` names, with the source's thinking mode.
 
 The work is `eagle3.generation.pipeline.generate_file` (resumable by id, deterministic per batch,
 several batches in flight over HTTP, batches an earlier output of the same source ran under the
 same config copied instead of regenerated: `eagle3.generation.reuse`, `generate.reuse_earlier`).
 
-Servers (`server=vllm|sglang`): with `server.urls=[...]` the stage talks to running servers;
-without, it launches the configured one for the stage's duration (`GenerateStage`).
+Servers (`generate.backend=vllm|sglang`, the server node `generate.server`): with
+`generate.server.urls=[...]` the stage talks to running servers; without, it launches the
+configured one for the stage's duration (`GenerateStage`). `server` is not read here: it is the
+engine that serves the draft (stages serve, bench).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from eagle3.target_info import target_identity
 FORMAT_VERSION = 2  # 2: one target identity (eagle3.target_info.target_identity), served settings
 # Keys of generate.http that change what a server generates (the rest is how the client asks).
 HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
-# Keys of `server` that change what an engine generates for the same weights and request.
+# Keys of `generate.server` that change what an engine generates for the same weights and request.
 SERVED_KEYS = ("dtype", "reasoning_parser", "tool_call_parser", "context_length", "trust_remote_code")
 GENERATE_NAME = "generate"
 
@@ -56,26 +58,29 @@ def _units(cfg: DictConfig) -> list[str]:
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     model = cfg.model
     generate = config_dict(cfg.generate, resolve=True)
+    # The backend and its server are keyed below, under the names they have always had.
+    backend, server = str(generate.pop("backend")), cfg.generate.server
+    generate.pop("server", None)
     # Endpoints, concurrency, timeouts and retries do not change what is generated: a resumed
     # run may use other ones. The request fields that do change it count for HTTP backends.
     http = generate.pop("http", None) or {}
     generate.pop("reuse_earlier", None)  # reuse copies exactly what a fresh run would generate
-    if cfg.server.backend in ENGINES:
+    if backend in ENGINES:
         generate["request"] = {k: http.get(k) for k in HTTP_REQUEST_KEYS}
     config = {
-        "backend": cfg.server.backend,
+        "backend": backend,
         "target": {**target_identity(str(model.path), model.revision, cfg.paths.hf_cache), "dtype": model.dtype},
         "thinking": bool(cfg.dataset.sources[unit].thinking),
         "generate": generate,
         "seed": cfg.data.seed,
         "format": FORMAT_VERSION,
     }
-    if cfg.server.backend in ENGINES:
+    if backend in ENGINES:
         # How the engine serves the target changes what it answers: its dtype, the parsers
         # that split reasoning and tool calls out of the text, the context it accepts, and
         # whatever else its command line says (quantization, say).
-        config["served"] = {k: OmegaConf.select(cfg.server, k) for k in SERVED_KEYS}
-        config["served"]["extra_args"] = [str(a) for a in cfg.server.extra_args]
+        config["served"] = {k: OmegaConf.select(server, k) for k in SERVED_KEYS}
+        config["served"]["extra_args"] = [str(a) for a in server.extra_args]
     return config
 
 
@@ -119,31 +124,33 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
 
 @dataclass(frozen=True)
 class GenerateStage(UnitStage):
-    """`generate`, launching the configured server itself when no `server.urls` are given.
+    """`generate`, launching `generate.server` itself when no `generate.server.urls` are given.
 
-    With `server=vllm|sglang` and no URLs, the target is served (on 127.0.0.1, log in the run
-    directory) once for all units of the stage, only when some unit still has work, and stopped
-    afterwards -- also on error or Ctrl-C. It serves the target alone unless
-    `server.speculative.draft_path` names a draft (speculation does not change what is sampled,
-    only how fast).
+    With `generate.backend=vllm|sglang` and no URLs, the target is served (on 127.0.0.1, log in
+    the run directory) once for all units of the stage, only when some unit still has work, and
+    stopped afterwards -- also on error or Ctrl-C. It serves the target alone unless
+    `generate.server.speculative.draft_path` names a draft (speculation does not change what is
+    sampled, only how fast). The launcher reads `server`, so it gets a copy of the config whose
+    `server` is `generate.server` (`eagle3.serving.commands.launch_config`, as extract's server).
     """
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
         if not ctx.force:
             for unit in self.units(cfg):
                 self._reopen_holes(cfg, ctx, unit)
-        server = cfg.server
-        if server.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
+        server = cfg.generate.server
+        if cfg.generate.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
             return super().__call__(cfg, ctx)
+        from eagle3.serving.commands import launch_config
         from eagle3.serving.process import server_endpoints
 
-        launch = copy.deepcopy(cfg)
+        launch = launch_config(cfg, "generate.server")
         if server.speculative.draft_path is None:
             OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)
         log.info("generate: launching %s for %s (log in %s)", server.backend, cfg.model.path, ctx.run_dir)
         with server_endpoints(launch, ctx.run_dir) as urls:
             connected = copy.deepcopy(cfg)
-            OmegaConf.update(connected, "server.urls", list(urls), merge=False)
+            OmegaConf.update(connected, "generate.server.urls", list(urls), merge=False)
             return super().__call__(connected, ctx)
 
     def _reopen_holes(self, cfg: DictConfig, ctx: StageContext, unit: str) -> None:

@@ -6,10 +6,10 @@ the health endpoint answers, and holds it until Ctrl-C, then stops it and every 
 spawned. The server's log goes to the run directory (and to the console).
 
 The draft: `server.speculative.draft_path`, or, when that is null, the export for this engine
-of this config's complete train output (`<train unit>/draft/<engine>`; the chain whose data was
-generated with another backend, e.g. the in-process demo chain, is found too: `serve.data_backend`). Either is validated
-before launch (`eagle3.serving.commands`); `server.speculative.algorithm=null` serves the target
-alone. `serve.dry_run=true` prints the command and environment and launches nothing.
+of this config's complete train output (`<train unit>/draft/<engine>`: the chain whose data
+`generate.backend` generated, e.g. the in-process demo chain served with `server=vllm`). Either is
+validated before launch (`eagle3.serving.commands`); `server.speculative.algorithm=null` serves the
+target alone. `serve.dry_run=true` prints the command and environment and launches nothing.
 With `server.urls` set nothing is launched: the URLs are health-checked and printed.
 `serve.hidden_states=true` serves `extract.server` instead, the way `extract.backend=vllm` launches
 it (vLLM's extract_hidden_states method and eagle3's connector), for extraction or online training
@@ -44,13 +44,11 @@ def resolve_draft(cfg: DictConfig, ctx: StageContext) -> Optional[Path]:
         return None
     if spec.draft_path is not None:
         return Path(str(spec.draft_path)).expanduser()
-    from eagle3.stages.chain import chain_config
     from eagle3.stages.train import EXPORT_DIR, TRAIN
 
     unit = cfg.dataset.name
     try:
-        chain = chain_config(cfg, ctx, TRAIN, unit, cfg.serve.data_backend, key="serve.data_backend")
-        manifest = require(TRAIN, chain, ctx, unit)
+        manifest = require(TRAIN, cfg, ctx, unit)
     except MissingInput as exc:
         raise MissingInput(f"server.speculative.draft_path is null, which means the draft this config "
                            f"trains, but {exc}; or set server.speculative.draft_path to an export, or "
