@@ -50,10 +50,13 @@ def vllm_python():
 
 
 def _bench(root, *overrides: str, python: str, port: int):
-    """`stage=bench` at K=3 in the chain's root: (the job, the report of the bench unit it added)."""
+    """`stage=bench` at K=3 in the chain's root: (the job, the report of the bench unit it added).
+
+    One timed pass, not the default three: these tests check counters and outputs, not tok/s."""
     before = unit_dirs(root, "bench")
-    done = run_cli(["stage=bench", *overrides, f"paths.root={root}", *_server_overrides(python, port),
-                    f"server.speculative.num_steps={K}", f"server.speculative.num_draft_tokens={K + 1}"],
+    done = run_cli(["stage=bench", "bench.repeats=1", *overrides, f"paths.root={root}",
+                    *_server_overrides(python, port), f"server.speculative.num_steps={K}",
+                    f"server.speculative.num_draft_tokens={K + 1}"],
                    cwd=root.parent / "elsewhere", timeout=900)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     _assert_stopped(port)
