@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.checks import report_config_errors
 from eagle3.config.secrets import redact_overrides
+from eagle3.config.typed import to_settings
 from eagle3.data.detect import expand_dataset_files
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
 from eagle3.stages import StageContext, check_config, stages_to_run
@@ -74,7 +75,7 @@ def run_job(cfg: DictConfig) -> int:
     configure_job_threads(cfg.cpu_threads, hydra.launcher, hydra.mode == RunMode.MULTIRUN)
     set_lock_timeout(cfg.lock_timeout_s)  # no lock wait of this job is unbounded (eagle3.artifacts.locks)
     root = Path(cfg.paths.root).expanduser().resolve()
-    ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force))
+    ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force), settings=to_settings(cfg))
     started = time.perf_counter()
     record["root"] = str(root)
     write_job_record(run_dir, record)

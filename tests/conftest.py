@@ -17,15 +17,8 @@ from pathlib import Path
 
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # The test workers (`-n`, pyproject.toml) share the machine's cores: each worker, and every job
-    # or server it starts, takes its share of threads (eagle3.threads reads OMP_NUM_THREADS), since
-    # torch pools that each take every core run several times slower side by side.
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
-
-from hydra import compose, initialize_config_dir  # noqa: E402  (after the thread budget above)
-from omegaconf import DictConfig  # noqa: E402
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
 import eagle3.config  # noqa: F401  (registers schema + resolvers)
 from eagle3.artifacts import Manifest
@@ -219,12 +212,3 @@ def demo_chain(tmp_path_factory) -> DemoChain:
     return DemoChain(root, {stage.name: sorted(unit_dirs(root, stage.name)) for stage in CHAIN})
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under `-n` (pytest-xdist, `--dist loadgroup`): a file's tests run in one worker, so a module
-    fixture is built once; and every test of the session's demo chain runs in one worker, so the
-    chain is built once and no test sees another's units appear in its root halfway."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "demo_chain" if "demo_chain" in getattr(item, "fixturenames", ()) else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))

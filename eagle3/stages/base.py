@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,6 +19,8 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manifest, StageOutput, log_summary
 from eagle3.artifacts.verify import check_reusable
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.typed import to_settings
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 
@@ -27,11 +29,28 @@ log = logging.getLogger("eagle3")
 
 @dataclass(frozen=True)
 class StageContext:
-    """What a stage needs besides its config: where artifacts go and whether to redo them."""
+    """What a stage needs besides its config: where artifacts go, whether to redo them, and the
+    config as the schema's dataclasses (`settings`), which is what the stages hand to domain code.
+
+    The job converts its config once (`eagle3.cli.run_job`); a stage called without it (a test, a
+    library caller) converts it on entry (`with_settings`).
+    """
 
     root: Path  # artifact root (absolute)
     run_dir: Path  # this job's Hydra output directory (logs, reports)
     force: bool = False
+    settings: Optional[Eagle3Config] = None
+
+    def with_settings(self, cfg: DictConfig) -> StageContext:
+        """This context with `settings` filled from `cfg` when it has none yet."""
+        return self if self.settings is not None else replace(self, settings=to_settings(cfg))
+
+    @property
+    def config(self) -> Eagle3Config:
+        """The typed config; every stage entry (`UnitStage.__call__`, `StandaloneStage.__call__`) fills it."""
+        if self.settings is None:
+            raise RuntimeError("StageContext.settings is unset: call the stage, or ctx.with_settings(cfg) first")
+        return self.settings
 
 
 class MissingInput(Eagle3Error):
@@ -87,6 +106,7 @@ class UnitStage:
         The other units still run first: their work is valid and reused by the rerun, and a user
         fixing several sources sees them all at once (as config errors are reported together).
         """
+        ctx = ctx.with_settings(cfg)
         manifests = []
         stopped: dict[str, str] = {}  # unit -> what it says in the stop line
         units = self.units(cfg)
@@ -146,7 +166,7 @@ class StandaloneStage:
     run: Callable[[DictConfig, StageContext], Any]
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
-        self.run(cfg, ctx)
+        self.run(cfg, ctx.with_settings(cfg))
         return []  # nothing for later stages to reuse
 
 
