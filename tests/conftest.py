@@ -143,6 +143,68 @@ def run_cli_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProces
     return subprocess.CompletedProcess([sys.executable, str(RUN_PY), *args], code, out.getvalue(), err.getvalue())
 
 
+#: Time budgets: CI's suite must stay short (issue 23), so a test that grows past its budget fails
+#: loudly instead of slowing every landing. Each budget is about three times what the test took on
+#: CI's 2-core machine alone (BENCHMARKS.md, "The CI suite's wall time"): a guard against creep, not
+#: a performance assertion. `@pytest.mark.budget(s)` sets a test's (its call phase); fixtures that
+#: build shared state are held to FIXTURE_BUDGETS_S. EAGLE3_TEST_BUDGET_SCALE multiplies them all
+#: (a slower machine: 2; 0 turns them off).
+DEFAULT_BUDGET_S = 20.0
+DEFAULT_SLOW_BUDGET_S = 120.0
+DEFAULT_FIXTURE_BUDGET_S = 30.0
+FIXTURE_BUDGETS_S = {"demo_chain": 600.0, "modes": 400.0, "chain_root": 120.0, "chain": 240.0}
+
+
+def _budget_scale() -> float:
+    raw = os.environ.get("EAGLE3_TEST_BUDGET_SCALE", "1")
+    try:
+        return float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"EAGLE3_TEST_BUDGET_SCALE={raw!r}: a number (1 = as measured, 0 = off)") from None
+
+
+_BUDGET_SCALE = pytest.StashKey[float]()
+
+
+def _over_budget(config, what: str, took_s: float, budget_s: float) -> str | None:
+    scaled = budget_s * config.stash[_BUDGET_SCALE]
+    if scaled <= 0 or took_s <= scaled:
+        return None
+    return (f"{what} took {took_s:.1f} s, over its time budget of {scaled:.1f} s: make it cheaper (share the "
+            f"session's demo chain or vLLM server), or raise its budget with the measurement behind it "
+            f"(tests/conftest.py; EAGLE3_TEST_BUDGET_SCALE on a slower machine)")
+
+
+def pytest_configure(config) -> None:
+    config.stash[_BUDGET_SCALE] = _budget_scale()  # read once; a bad one stops the run before any test
+    config.addinivalue_line("markers", "budget(seconds): the longest this test's call may take on CI's machine")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    marker = item.get_closest_marker("budget")
+    budget = float(marker.args[0]) if marker else (
+        DEFAULT_SLOW_BUDGET_S if item.get_closest_marker("slow") else DEFAULT_BUDGET_S)
+    started = time.monotonic()
+    result = yield
+    message = _over_budget(item.config, item.nodeid, time.monotonic() - started, budget)
+    if message:
+        pytest.fail(message, pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    started = time.monotonic()
+    result = yield
+    name = fixturedef.argname
+    message = _over_budget(request.config, f"fixture {name!r}", time.monotonic() - started,
+                           FIXTURE_BUDGETS_S.get(name, DEFAULT_FIXTURE_BUDGET_S))
+    if message:
+        pytest.fail(message, pytrace=False)
+    return result
+
+
 @pytest.fixture
 def cli(tmp_path):
     """Run the entrypoint from an unrelated directory with artifacts under tmp_path."""
