@@ -7,6 +7,7 @@ the same shape, at once; `report_config_errors` prints them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterable
@@ -15,11 +16,30 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 
+def _plain(value: Any) -> Any:
+    """A schema dataclass (inside a list or dict too) as JSON would show it; anything else unchanged."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def format_value(value: Any) -> str:
     """A config value as the error line shows it (strings quoted, containers as JSON)."""
     if OmegaConf.is_config(value):
         value = OmegaConf.to_container(value, resolve=False)
-    return json.dumps(value) if not isinstance(value, str) else repr(value)
+    return json.dumps(value, default=_plain) if not isinstance(value, str) else repr(value)
+
+
+def value_at(node: Any, dotted: str) -> Any:
+    """The value under a dotted key (`draft.fc_norm`) of a schema dataclass, for naming it in an error."""
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def field_values(node: Any) -> dict[str, Any]:
+    """A schema dataclass's fields by name, one level deep (`server.kernels` -> {name: value})."""
+    return {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
 
 
 class ConfigErrors:

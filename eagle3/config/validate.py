@@ -22,12 +22,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import Eagle3Config
 from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
 from eagle3.config.store import DerivedValueError, resolution_cause
+from eagle3.config.typed import to_settings
 from eagle3.config_dict import config_dict
 
-#: A config rule: appends one line per violation of `cfg` to the errors (`eagle3.stages.config_rules`).
-Rule = Callable[[DictConfig, ConfigErrors], None]
+#: A config rule: appends one line per violation of the typed config to the errors (`eagle3.stages.config_rules`).
+Rule = Callable[[Eagle3Config, ConfigErrors], None]
 
 
 def _check_derived(model: DictConfig, err: ConfigErrors) -> bool:
@@ -153,7 +155,8 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
     Args:
         cfg: The composed config.
         stages: Valid values of `stage`.
-        rules: The domain rules, each `rule(cfg, errors)`, in the order their lines are reported.
+        rules: The domain rules, each `rule(settings, errors)` on the config as the schema's dataclasses
+            (once the generic checks found every value resolvable), in the order their lines are reported.
     """
     err = ConfigErrors()
     stages = tuple(stages)
@@ -177,6 +180,11 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
     _check_known_keys(cfg, "", err)
     err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
     err.positive("lock_timeout_s", cfg.lock_timeout_s)
+    try:
+        settings = to_settings(cfg)
+    except Exception as exc:  # noqa: BLE001 - reported as the config's one line; the rules need the typed config
+        err.add("config", "<schema>", f"does not convert to the schema's dataclasses: {exc}".splitlines()[0])
+        return err.lines
     for rule in rules:
-        rule(cfg, err)
+        rule(settings, err)
     return err.lines

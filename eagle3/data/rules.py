@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import DatasetConfig, Eagle3Config
 from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
 from eagle3.data.detect import files_sources
@@ -19,12 +18,12 @@ from eagle3.data.render import OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
 
 
-def check_dataset(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_dataset(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`dataset.*`: at least one source, each with one origin, a known track, schema and column keys."""
     _check_dataset(cfg.dataset, err)
 
 
-def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
+def _check_dataset(dataset: DatasetConfig, err: ConfigErrors) -> None:
     if dataset.files:
         # Still listed: `expand_dataset_files` could not turn them into sources; say why, one line each.
         before = len(err.lines)
@@ -42,7 +41,7 @@ def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
         key = f"dataset.sources.{name}"
         err.choice(f"{key}.track", src.track, TRACKS)
         err.choice(f"{key}.schema", src.schema, ADAPTERS)
-        origins = [k for k in ("hub_id", "data_files", "generator") if src[k]]
+        origins = [k for k in ("hub_id", "data_files", "generator") if getattr(src, k)]
         if len(origins) != 1:
             err.add(key, origins, "needs exactly one origin",
                     "one of hub_id, data_files, generator")
@@ -65,7 +64,7 @@ def _check_dataset(dataset: DictConfig, err: ConfigErrors) -> None:
         err.not_negative(f"{key}.weight", src.weight)
 
 
-def check_prep(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_prep(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`prep.*`: the turn and length bounds of a kept conversation."""
     prep = cfg.prep
     err.positive("prep.min_user_turns", prep.min_user_turns)
@@ -75,7 +74,7 @@ def check_prep(cfg: DictConfig, err: ConfigErrors) -> None:
     err.positive("prep.max_chars", prep.max_chars)
 
 
-def check_tokenize(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_tokenize(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`tokenize.*`: the overlength policy and the workers' settings."""
     tok = cfg.tokenize
     err.choice("tokenize.overlength", tok.overlength, OVERLENGTH_POLICIES)
@@ -83,7 +82,7 @@ def check_tokenize(cfg: DictConfig, err: ConfigErrors) -> None:
     err.positive("tokenize.chunk_size", tok.chunk_size)
 
 
-def check_data(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_data(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`data.*`: the mixture's scale, length, reject warning and eval split."""
     data = cfg.data
     err.positive("data.scale", data.scale, allow_none=True)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig, OmegaConf
-
-from eagle3.config.checks import ConfigErrors
+from eagle3.config.checks import ConfigErrors, value_at
+from eagle3.config.schema import Eagle3Config, EvalConfig, ModelConfig, OptimizerConfig, TrainConfig
 from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import (
     HIDDEN_STATE_MODES,
@@ -29,12 +28,12 @@ from eagle3.engines import ENGINES
 from eagle3.target_info import HF_CONFIG_KEYS, TargetConfigError, target_config
 
 
-def check_model(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_model(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`model.*`: the target's facts (against its config.json when one can be read offline) and the draft's geometry."""
     _check_model(cfg.model, err, cfg.paths.hf_cache)
 
 
-def _check_model(model: DictConfig, err: ConfigErrors, hf_cache: Optional[str] = None) -> None:
+def _check_model(model: ModelConfig, err: ConfigErrors, hf_cache: Optional[str] = None) -> None:
     err.choice("model.dtype", model.dtype, DTYPES)
     err.positive("model.num_layers", model.num_layers)
     err.positive("model.hidden_size", model.hidden_size)
@@ -59,15 +58,16 @@ def _check_model(model: DictConfig, err: ConfigErrors, hf_cache: Optional[str] =
     if hf_config is not None:
         for key, hf_key in HF_CONFIG_KEYS.items():
             actual = hf_config.get(hf_key)
-            if actual is not None and actual != model[key]:
-                err.add(f"model.{key}", model[key], f"{model.path}/config.json says {hf_key}={actual}", str(actual))
+            value = getattr(model, key)
+            if actual is not None and actual != value:
+                err.add(f"model.{key}", value, f"{model.path}/config.json says {hf_key}={actual}", str(actual))
         if hf_config.get("auto_map") and not model.trust_remote_code:
             err.add("model.trust_remote_code", False,
                     f"{model.path}/config.json needs custom code (auto_map)",
                     "true, if you trust that code")
 
 
-def _check_draft_geometry(model: DictConfig, err: ConfigErrors) -> None:
+def _check_draft_geometry(model: ModelConfig, err: ConfigErrors) -> None:
     """The draft stage train would build must be one the export writes for some engine.
 
     The geometry rules are the export's own (`eagle3.draft.geometry.geometry_refusals`), run on
@@ -88,12 +88,12 @@ def _check_draft_geometry(model: DictConfig, err: ConfigErrors) -> None:
     lines = [("", r) for r in shared] or [(f"{engine}: ", r) for engine, why in refused.items() for r in why]
     for prefix, r in lines:
         why = r.why if r.config_key != "model.path" else f"its config.json says {r.field}={r.found}: {r.why}"
-        err.add(r.config_key, OmegaConf.select(model, r.config_key.removeprefix("model.")), prefix + why, r.expected)
+        err.add(r.config_key, value_at(model, r.config_key.removeprefix("model.")), prefix + why, r.expected)
 
 
-def check_train(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_train(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`train.*` in range, each choice one `eagle3.draft.options` lists."""
-    tr = cfg.train
+    tr: TrainConfig = cfg.train
     err.choice("train.hidden_states", tr.hidden_states, HIDDEN_STATE_MODES)
     err.positive("train.ttt_steps", tr.ttt_steps)
     if not 0 < tr.ttt_decay <= 1:
@@ -126,7 +126,7 @@ def check_train(cfg: DictConfig, err: ConfigErrors) -> None:
                 ">= 1, or set train.max_steps")
 
 
-def _check_optimizer(opt: DictConfig, err: ConfigErrors) -> None:
+def _check_optimizer(opt: OptimizerConfig, err: ConfigErrors) -> None:
     """The schema's optimizer arguments in their ranges (a negative LR trains away from the target)."""
     err.positive("train.optimizer.lr", opt.lr)
     betas = list(opt.betas or [])
@@ -135,9 +135,9 @@ def _check_optimizer(opt: DictConfig, err: ConfigErrors) -> None:
     err.not_negative("train.optimizer.weight_decay", opt.weight_decay)
 
 
-def check_eval(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_eval(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`eval.*`: the draft lengths and decoding budget eval measures acceptance with."""
-    ev = cfg.eval
+    ev: EvalConfig = cfg.eval
     if not ev.ks or any(int(k) < 1 for k in ev.ks):
         err.add("eval.ks", list(ev.ks), "draft lengths to evaluate must be positive", "e.g. [3, 5]")
     err.positive("eval.max_new_tokens", ev.max_new_tokens)

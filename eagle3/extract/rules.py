@@ -5,16 +5,15 @@ Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import Eagle3Config
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.serving.engines import VLLM
 from eagle3.serving.rules import check_server
 
 
-def check_extract(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_extract(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`extract.*`: the backend, the store's format and sharding, the disk and token budgets."""
     ex = cfg.extract
     err.choice("extract.backend", ex.backend, EXTRACT_BACKENDS)
@@ -31,7 +30,7 @@ def check_extract(cfg: DictConfig, err: ConfigErrors) -> None:
         _check_extract_server(cfg, err)
 
 
-def _check_extract_server(cfg: DictConfig, err: ConfigErrors) -> None:
+def _check_extract_server(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """extract.backend=vllm: a vLLM server node, its rules, and a client that can wait for it."""
     server = cfg.extract.server
     if server.backend != VLLM:
@@ -40,6 +39,6 @@ def _check_extract_server(cfg: DictConfig, err: ConfigErrors) -> None:
     check_server(server, cfg.model, err, key="extract.server")
     http = cfg.extract.http
     for name in ("concurrency", "request_timeout_s", "max_attempts", "connect_wait_s", "file_wait_s"):
-        err.positive(f"extract.http.{name}", http[name])
+        err.positive(f"extract.http.{name}", getattr(http, name))
     for name in ("backoff_s", "max_backoff_s", "max_consecutive_failures"):
-        err.not_negative(f"extract.http.{name}", http[name])
+        err.not_negative(f"extract.http.{name}", getattr(http, name))

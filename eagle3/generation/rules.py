@@ -5,9 +5,8 @@ Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
@@ -15,7 +14,7 @@ from eagle3.serving.engines import ENGINES, SERVER_BACKENDS
 from eagle3.serving.rules import check_server
 
 
-def check_generate(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_generate(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`generate.*`: the backend (and its server), sampling settings, the length policy and the HTTP
     client's partitions and limits."""
     gen = cfg.generate
@@ -32,7 +31,7 @@ def check_generate(cfg: DictConfig, err: ConfigErrors) -> None:
     _check_generate_http(gen.http, err)
 
 
-def _check_generate_server(cfg: DictConfig, err: ConfigErrors) -> None:
+def _check_generate_server(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """generate.backend=vllm|sglang: `generate.server` is that engine, and passes every server rule."""
     backend, server = cfg.generate.backend, cfg.generate.server
     if server.backend != backend:
@@ -42,7 +41,7 @@ def _check_generate_server(cfg: DictConfig, err: ConfigErrors) -> None:
     check_server(server, cfg.model, err, key="generate.server")
 
 
-def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:
+def _check_generate_http(http: GenerateHTTPConfig, err: ConfigErrors) -> None:
     key = "generate.http"
     parts = list(http.partitions)
     if not parts:
@@ -55,14 +54,14 @@ def _check_generate_http(http: DictConfig, err: ConfigErrors) -> None:
         limits.append(part.max_context)
     finite = [m for m in limits if m is not None]
     if len(finite) != len(set(finite)) or limits.count(None) > 1:
-        err.add(f"{key}.partitions", OmegaConf.to_container(http.partitions),
+        err.add(f"{key}.partitions", list(http.partitions),
                 "two partitions have the same max_context", "distinct max_context values, at most one null")
     err.choice(f"{key}.endpoint_strategy", http.endpoint_strategy, ENDPOINT_STRATEGIES)
     for name in ("chars_per_token", "request_timeout_s", "connect_timeout_s", "max_attempts", "connect_wait_s",
                  "log_every_s"):
-        err.positive(f"{key}.{name}", http[name])
+        err.positive(f"{key}.{name}", getattr(http, name))
     for name in ("backoff_s", "max_backoff_s", "max_consecutive_failures"):
-        err.not_negative(f"{key}.{name}", http[name])
+        err.not_negative(f"{key}.{name}", getattr(http, name))
     err.positive(f"{key}.inflight_batches", http.inflight_batches, allow_none=True)
     if not http.thinking_keys:
         err.add(f"{key}.thinking_keys", [], "the thinking mode must reach the chat template under some name",

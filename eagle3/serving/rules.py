@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
-
-from eagle3.config.checks import ConfigErrors
+from eagle3.config.checks import ConfigErrors, field_values, value_at
+from eagle3.config.schema import Eagle3Config, ModelConfig
+from eagle3.config.server_schema import ServerConfig
 from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.serving.engines import (
@@ -121,10 +121,11 @@ def extra_arg_flags(extra_args: Any) -> dict[str, tuple[str, Optional[str]]]:
     return flags
 
 
-def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tuple[str, str, Any, Any]]:
+def _ruled_settings(server: ServerConfig, key: str, err: ConfigErrors) -> list[tuple[str, str, Any, Any]]:
     """`(typed key, config key to name, value as shown, value)` of each setting a rule checks: the typed
     keys, then the flags in `extra_args` that set the same thing (which the launcher lets win)."""
-    settings = [(f"{KERNELS}{name}", f"{key}.kernels.{name}", value, value) for name, value in server.kernels.items()]
+    kernels = field_values(server.kernels)
+    settings = [(f"{KERNELS}{name}", f"{key}.kernels.{name}", value, value) for name, value in kernels.items()]
     settings.append((MEM_FRACTION, f"{key}.{MEM_FRACTION}", server.mem_fraction_static, server.mem_fraction_static))
     given = extra_arg_flags(server.extra_args)
     for typed, flag in RULED_FLAGS.get(server.backend, {}).items():
@@ -145,7 +146,7 @@ def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tup
 _FROM_CONFIG = object()
 
 
-def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
+def server_errors(server: ServerConfig, model: ModelConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
     """The server rules alone, one line each; the launcher runs them again before a launch.
 
     Args:
@@ -157,7 +158,7 @@ def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM
     return err.lines
 
 
-def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
+def check_server(server: ServerConfig, model: ModelConfig, err: ConfigErrors,
                  draft_path: Any = _FROM_CONFIG, key: str = "server") -> None:
     """Every rule of a server node into `err` (`draft_path`: as in `server_errors`).
 
@@ -220,7 +221,7 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
                     ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or {key}.backend={VLLM})")
         err.positive(f"{key}.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
     if server.backend == VLLM:
-        for field_name, value in server.kernels.items():
+        for field_name, value in field_values(server.kernels).items():
             if value is not None:
                 err.add(f"{key}.kernels.{field_name}", value,
                         "an SGLang kernel flag; the vLLM launcher would ignore it",
@@ -239,14 +240,14 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
                     f"set {owner} instead")
 
 
-def check_servers(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_servers(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """Every config's `server.*` (the engine that serves the draft); run for every config by
     `eagle3.config.validate.validate_config`. `generate.server` and `extract.server` are checked by
     the rules of generation and extraction when their backend uses them."""
     check_server(cfg.server, cfg.model, err)
 
 
-def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_chain_draft_engine(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """The chain's own draft (no `server.speculative.draft_path`) must be one the engine serves: a
     geometry the engine's export refuses (`eagle3.draft.geometry.geometry_refusals`: a layer variant
     or a capture SGLang lacks) is exported for the other engines only, so there is none to serve."""
@@ -260,12 +261,12 @@ def check_chain_draft_engine(cfg: DictConfig, err: ConfigErrors) -> None:
         return  # served; or exported for no engine at all, which config validation reports
     for r in refused[server.backend]:
         what = "layer variant" if r.field in LAYER_VARIANTS else "geometry"
-        err.add(r.config_key, OmegaConf.select(cfg, r.config_key), f"{server.backend} cannot serve this draft "
+        err.add(r.config_key, value_at(cfg, r.config_key), f"{server.backend} cannot serve this draft "
                 f"{what} ({r.why}), so the chain exports none for it",
                 f"{r.expected}, or server.backend={'/'.join(serving)}")
 
 
-def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_serve(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """stage=serve launches (or checks) an HTTP server: the in-process backend has none (with
     serve.hidden_states it serves extract.server, whose rules extract.backend=vllm runs)."""
     if cfg.serve.hidden_states and cfg.extract.backend != VLLM:
@@ -277,7 +278,7 @@ def check_serve(cfg: DictConfig, err: ConfigErrors) -> None:
         check_chain_draft_engine(cfg, err)
 
 
-def check_bench(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_bench(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """stage=bench: an HTTP server, with speculation on (the baseline is derived from it)."""
     server, bench = cfg.server, cfg.bench
     if server.backend not in ENGINES:

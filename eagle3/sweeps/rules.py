@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
-
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import Eagle3Config
 from eagle3.sweeps.collect import (
     JOB_AXIS,
     SCALE_KEY,
@@ -15,7 +14,7 @@ from eagle3.sweeps.collect import (
 )
 
 
-def check_report(cfg: DictConfig, err: ConfigErrors) -> None:
+def check_report(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """Every `report.*` rule into `err` (registered for `stage=report` in `eagle3.stages`)."""
     try:
         sweep = resolve_sweep_dir(cfg.report.sweep_dir, cfg.paths.root)
