@@ -265,8 +265,8 @@ def config_refusals(model: ModelConfig | Mapping[str, Any]) -> dict[str, list[Ge
     """`engines_refusing` for the draft stage train would build from the config's `model`
     (`config_geometry`); empty when its values make no geometry (their own rules report them).
 
-    Config validation runs before the typed config exists and may hand over the composed mapping,
-    whose values are resolved as they are read: one it cannot resolve raises OmegaConf's error.
+    A mapping (a plain dict, or a composed node whose values resolve as they are read) is taken too:
+    a value it cannot resolve raises OmegaConf's error, which counts as no geometry.
     """
     try:
         g = config_geometry(model)
