@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from eagle3.config.schema import Eagle3Config
 
 # The W&B run's config is redacted by the one rule of what a secret is (`eagle3.config.secrets`).
 from eagle3.config.secrets import REDACTED, redact  # noqa: F401  (re-exported)
-from eagle3.config_dict import config_dict
 
 log = logging.getLogger("eagle3")
 _loggers: dict[str, list[Any]] = {}
@@ -49,10 +49,12 @@ def _is_wandb_class(target: str) -> bool:
     return issubclass(get_class(target), WandbLogger)
 
 
-def job_loggers(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) -> list[Any]:
+def job_loggers(config: Eagle3Config, run_dir: Path, group: Optional[str] = None) -> list[Any]:
     """The Lightning loggers of this job (created on first use, then shared).
 
     Args:
+        config: The job's config: `logger` says which logger (None: none), and a W&B run records
+            all of it (redacted), so a run says what produced it.
         group: The W&B group when `logger.group` is unset (default: the sweep directory's name in
             a multirun); `stage=report` passes the reported sweep's.
     """
@@ -60,16 +62,17 @@ def job_loggers(cfg: DictConfig, run_dir: Path, group: Optional[str] = None) -> 
     if key in _loggers:
         return _loggers[key]
     made: list[Any] = []
-    if cfg.logger is not None:
+    if config.logger is not None:
         from hydra.utils import instantiate
 
-        options = config_dict(cfg.logger, resolve=True)
+        # `logger` is typed Any: a schema's logger node converts to its dataclass, a plain one stays a dict.
+        options = dict(config.logger) if isinstance(config.logger, dict) else asdict(config.logger)
         Path(options.get("save_dir") or run_dir).mkdir(parents=True, exist_ok=True)
         if _is_wandb_class(str(options["_target_"])):
             options["offline"] = bool(options["offline"]) and not os.environ.get("WANDB_API_KEY")
             options["group"] = options["group"] or group or _sweep_group()
             options["name"] = options["name"] or _job_name(run_dir)
-            options["config"] = redact(OmegaConf.to_container(cfg, resolve=True))
+            options["config"] = redact(asdict(config))
         made.append(instantiate(options, _convert_="all", _recursive_=False))
     _loggers[key] = made
     return made

@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from eagle3.config.schema import TrainConfig
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.ttt import teacher_targets, ttt_forward
@@ -141,9 +142,9 @@ def step_rate(target: str, precision: str, batch_tokens: int, steps: int, reps: 
     torch.manual_seed(0)
     g = target_geometry(target)
     head = torch.randn(g.vocab_size, g.hidden_size) * 0.05
-    cfg = {"ttt_steps": steps, "ttt_decay": 0.8, "out_of_vocab": "mask", "teacher": "draft_vocab", "loss": "kl",
-           "state_noise": 0.0, "attention_block": 256, "logits_memory_gb": 4.0}
-    module = DraftModule(g, head, cfg)
+    train = TrainConfig(ttt_steps=steps, ttt_decay=0.8, out_of_vocab="mask", teacher="draft_vocab", loss="kl",
+                        state_noise=0.0, attention_block=256, logits_memory_gb=4.0)
+    module = DraftModule(g, head, train)
     optimizer = MuonAdamW(list(module.draft.named_parameters()), lr=1e-4)
     batches = [chat_batch(g, batch_tokens, seed) for seed in range(reps + 1)]
     times = []

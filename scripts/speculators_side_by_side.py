@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from eagle3.artifacts import Manifest  # noqa: E402
-from eagle3.config.schema import TrainConfig  # noqa: E402
+from eagle3.config.schema import OptimizerConfig, TrainConfig  # noqa: E402
 
 RUN_PY = REPO / "scripts" / "run.py"
 CHECK_SNIPPET = r"""
@@ -278,8 +278,8 @@ def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_p
     extract = Manifest.load(Manifest.load(train_unit).inputs["extract"]["path"])
     geometry, draft, head = load_eval_draft(Path(export), target, revision=None, cache_dir=None, text_config_key=None)
     eval_set = split_dataset({"extract": extract}, "eval")
-    simulated = simulated_acceptance(geometry, draft, head, train_cfg, eval_set, ks,
-                                     batch_tokens=int(train_cfg["batch_tokens"]))
+    train = TrainConfig(**{**train_cfg, "optimizer": OptimizerConfig(**train_cfg["optimizer"])})
+    simulated = simulated_acceptance(geometry, draft, head, train, eval_set, ks, batch_tokens=train.batch_tokens)
     if num_prompts == 0:
         return {"sim_accept_len": simulated["sim_accept_len"], "acc": simulated["acc"], "real": {}}
     prompts = heldout_prompts(Path(extract.inputs["merged"]["path"]) / EVAL_FILE, num_prompts)

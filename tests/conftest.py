@@ -22,9 +22,9 @@ from omegaconf import DictConfig
 
 import eagle3.config  # noqa: F401  (registers schema + resolvers)
 from eagle3.artifacts import Manifest
-from eagle3.data.detect import expand_dataset_files
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 from eagle3.stages import CHAIN
+from eagle3.stages.dataset_files import expand_dataset_files
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
 # The demo chain at a size tests can afford (a minute or two on 2 cores).

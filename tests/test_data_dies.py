@@ -135,6 +135,7 @@ def test_a_stopped_unit_is_started_over_by_the_rerun(tmp_path):
 def test_the_next_stage_and_the_plan_say_the_unit_stopped_not_that_it_never_ran(tmp_path):
     from eagle3.planning.chain import locate
     from eagle3.stages.generate import GENERATE
+    from eagle3.stages.plan import ConfigChain
 
     bad = write_chats(tmp_path / "bad.jsonl", 3, answer_first=3)
     cfg = files_cfg(tmp_path / "art", bad, overrides=("dataset.track=prompt_only",))
@@ -145,7 +146,7 @@ def test_the_next_stage_and_the_plan_say_the_unit_stopped_not_that_it_never_ran(
     with pytest.raises(MissingInput, match=f"its last run kept none of its input \\(every reject with its reason: "
                        f"{stopped / 'rejects.jsonl'}\\); fix that, then rerun stage=prep"):
         GENERATE(cfg, ctx)  # stage=generate alone: no server is launched for it
-    row, _ = locate(PREP, cfg, ctx, "bad")
+    row, _ = locate(ConfigChain(cfg, ctx), PREP, "bad")
     assert row.status == "stopped" and "a rerun starts it over" in row.notes[0]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3.config.typed import to_settings
 from eagle3.draft.export import ExportError, capture_layers_of, export_draft
 from eagle3.draft.fit import draft_geometry, export_engines
 from eagle3.draft.geometry import GeometryRefusal, config_geometry, geometry_refusals
@@ -26,6 +27,12 @@ from eagle3.stages import REGISTRY, check_config
 from tests.conftest import compose_config, run_cli
 
 DEMO_TARGET = asset_path("demo_target")
+
+
+def _train_geometry(overrides):
+    """The geometry stage train builds for this config."""
+    settings = to_settings(compose_config(list(overrides)))
+    return draft_geometry(settings.model, settings.paths.hf_cache)
 # The demo's draft is a layer variant SGLang lacks; these cases judge the plain layer unless they say otherwise.
 PLAIN = ("model.draft.norm_before_residual=false",)
 ALL = set(ENGINES)
@@ -83,7 +90,7 @@ def _randomized(g) -> Eagle3Draft:
 
 @pytest.mark.parametrize("case,overrides,refusing,keys", CASES, ids=[c[0] for c in CASES])
 def test_the_export_refuses_each_case_for_exactly_those_engines(tmp_path, case, overrides, refusing, keys):
-    g = draft_geometry(compose_config(_overrides(overrides, tmp_path)))  # what stage train builds
+    g = _train_geometry(_overrides(overrides, tmp_path))
     draft = _randomized(g)
     for engine in ENGINES:
         if engine in refusing:
@@ -145,8 +152,8 @@ def test_a_config_never_asks_for_rope_scaling_the_export_would_refuse():
 
 @pytest.mark.parametrize("capture", [(0, 4, 5), (2, 4), (1, 2, 4, 5)])
 def test_train_exports_a_capture_sglang_lacks_for_vllm_only(tmp_path, capture):
-    g = draft_geometry(compose_config([*PLAIN, f"model.capture_layers=[{','.join(map(str, capture))}]",
-                                       f"model.draft.fc_in_features={256 * len(capture)}"]))
+    g = _train_geometry([*PLAIN, f"model.capture_layers=[{','.join(map(str, capture))}]",
+                         f"model.draft.fc_in_features={256 * len(capture)}"])
 
     class Module:
         draft = _randomized(g)

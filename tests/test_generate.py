@@ -425,13 +425,13 @@ def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh
     small = _generate_sample(tmp_path / "grown", 8)
     assert small.extra["this_run"]["batches_run"] == 2 and small.extra["reused_from"] == {}
     # stage=plan, before the grown run: 8 of its 10 conversations would be copied.
-    from eagle3.planning.chain import build_plan
+    from eagle3.stages.plan import plan_data
 
     cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, "dataset.sources.demo_prompts.num_samples=10",
                           f"paths.root={tmp_path / 'grown'}"])
     PREP(cfg, StageContext(root=tmp_path / "grown", run_dir=tmp_path / "run"))
-    planned = {s["stage"]: s["units"] for s in build_plan(cfg, StageContext(root=tmp_path / "grown",
-                                                                            run_dir=tmp_path / "run"))["stages"]}
+    planned = {s["stage"]: s["units"] for s in plan_data(cfg, StageContext(root=tmp_path / "grown",
+                                                                           run_dir=tmp_path / "run"))["stages"]}
     [gen_row] = planned["generate"]
     assert gen_row["status"] == "missing" and gen_row["figures"]["copied_from_earlier"]["value"] == 8
     assert gen_row["figures"]["generated_tokens_one_turn"]["value"] == 2 * 24  # 2 left x max_new_tokens

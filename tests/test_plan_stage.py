@@ -173,12 +173,13 @@ def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):
 def test_unfinished_output_is_reported_running_and_plan_is_standalone(tmp_path):
     from eagle3.stages.demo_data import DEMO_DATA
     from eagle3.planning.chain import locate
+    from eagle3.stages.plan import ConfigChain
 
     cfg = compose_config(["stage=plan", f"paths.root={tmp_path}", *DEMO])
     ctx = StageContext(root=tmp_path, run_dir=tmp_path / "run")
     out = StageOutput.open(tmp_path, "demo_data", "demo_prompts", DEMO_DATA.unit_config(cfg, "demo_prompts"))
     out.close()  # a started, never finalized run (as a kill leaves it)
-    row, manifest = locate(DEMO_DATA, cfg, ctx, "demo_prompts")
+    row, manifest = locate(ConfigChain(cfg, ctx), DEMO_DATA, "demo_prompts")
     assert row.status == "running" and manifest is None and row.output == out.dir
     assert "plan" in [s.name for s in STANDALONE]
     assert "plan" not in [s.name for s in stages_to_run("all")]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.config.schema import DatasetSourceConfig
 from eagle3.data.detect import SchemaError, detect_schema
 from eagle3.data.loading import UnreadableDataFile, head_records, iter_source
 
@@ -50,7 +51,7 @@ def write(path: Path, data: bytes) -> str:
 
 
 def read_all(path: str) -> list[dict]:
-    items = list(iter_source({"data_files": [path]}))
+    items = list(iter_source(DatasetSourceConfig(data_files=[path])))
     assert [item.error for item in items if item.error] == []
     return [item.record for item in items]
 
@@ -92,7 +93,7 @@ def test_bad_lines_of_a_utf16_file_are_rejects_naming_their_own_line(tmp_path):
     lines.insert(1, '{"id": "torn", '.encode("utf-16-le") + "\n".encode("utf-16-le"))
     lines.insert(3, '{"id": "x'.encode("utf-16-le") + lone_surrogate + '"}\n'.encode("utf-16-le"))
     path = write(tmp_path / "bad.jsonl", b"".join(lines) + b"{")  # an odd last byte: a cut-off code unit
-    items = list(iter_source({"data_files": [path]}))
+    items = list(iter_source(DatasetSourceConfig(data_files=[path])))
     assert [item.record for item in items if item.error is None] == good
     bad = [(item.where, item.reason) for item in items if item.error is not None]
     assert bad == [(f"{path}:2", "malformed_json"), (f"{path}:4", "malformed_json"), (f"{path}:7", "malformed_json")]
@@ -119,7 +120,7 @@ def test_a_truncated_gzip_stops_with_one_line_naming_the_last_line_read(tmp_path
     path = truncated_gz(tmp_path / "cut.jsonl.gz", jsonl_text(big_rows()).encode(encoding))
     read = []
     with pytest.raises(UnreadableDataFile) as exc:
-        for item in iter_source({"data_files": [path]}):
+        for item in iter_source(DatasetSourceConfig(data_files=[path])):
             read.append(item)
     assert 8 < len(read) < 2000 and all(item.error is None for item in read)
     msg = str(exc.value)
@@ -137,23 +138,23 @@ def test_a_gzip_corrupt_mid_stream_or_cut_before_its_first_record_is_one_line(tm
     path = write(tmp_path / "crc.jsonl.gz", bytes(packed))
     with pytest.raises(UnreadableDataFile, match=r"crc\.jsonl\.gz: is truncated or corrupt after line \d+ "
                                                  r"\(gzip\.BadGzipFile: CRC check failed .*restore the file"):
-        list(iter_source({"data_files": [path]}))
+        list(iter_source(DatasetSourceConfig(data_files=[path])))
     second = bytearray(gzip.compress(jsonl_text(big_rows(5)).encode()))
     second[10] = 0xFF  # the first deflate block of the second member: a reserved block type
     path = write(tmp_path / "corrupt.jsonl.gz", gzip.compress(jsonl_text(big_rows(20)).encode()) + bytes(second))
     with pytest.raises(UnreadableDataFile, match=r"corrupt\.jsonl\.gz: is truncated or corrupt after line 20 "
                                                  r"\(zlib\.error: Error -3 while decompressing data: invalid block "
                                                  r"type\); the records after it cannot be read"):
-        list(iter_source({"data_files": [path]}))
+        list(iter_source(DatasetSourceConfig(data_files=[path])))
     short = truncated_gz(tmp_path / "short.jsonl.gz", jsonl_text(big_rows(3)).encode(), keep=0.3)
     with pytest.raises(UnreadableDataFile, match="short.jsonl.gz: is truncated or corrupt at its start"):
-        list(iter_source({"data_files": [short]}))
+        list(iter_source(DatasetSourceConfig(data_files=[short])))
     with pytest.raises(SchemaError) as exc:
         detect_schema(short)
     assert str(exc.value).startswith(f"{short}: is truncated or corrupt at its start (EOFError: ")
     array = truncated_gz(tmp_path / "cut.json.gz", json.dumps(big_rows()).encode())
     with pytest.raises(UnreadableDataFile, match=r"cut\.json\.gz: is truncated or corrupt at its start"):
-        list(iter_source({"data_files": [array]}))
+        list(iter_source(DatasetSourceConfig(data_files=[array])))
     assert len(head_records(array, 8)) == 8  # the incremental array reader reads only the first records
 
 

@@ -17,6 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.config.typed import to_settings
 from eagle3.stages import StageContext, check_config, stage_names, stages_to_run
 from eagle3.reports.sweep import PLOT_FILES, REPORT_FILES, render_markdown, table
 from eagle3.sweeps.collect import build_report, resolve_sweep_dir
@@ -383,8 +384,8 @@ def test_a_jobs_wandb_run_ends_with_the_jobs_outcome(tmp_path, monkeypatch, fail
     from tests.wandb_records import read_run
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # offline
-    cfg = compose_config([f"paths.root={tmp_path}", "logger=wandb"])
-    [logger] = job_loggers(cfg, tmp_path / "run")
+    config = to_settings(compose_config([f"paths.root={tmp_path}", "logger=wandb"]))
+    [logger] = job_loggers(config, tmp_path / "run")
     logger.log_metrics({"x": 1.0})
     finish_job(failed=failed)
     [run_file] = (tmp_path / "logs" / "wandb").glob("offline-run-*/run-*.wandb")

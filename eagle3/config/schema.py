@@ -117,7 +117,7 @@ class DatasetConfig:
     """A named mixture of sources (a single dataset is a mixture of one).
 
     `files` (dataset=files, or added to any dataset) lists local files that become one source
-    each, named after the file, with the settings below; `eagle3.data.detect.expand_dataset_files`
+    each, named after the file, with the settings below; `eagle3.stages.dataset_files.expand_dataset_files`
     does it right after composition, so every stage sees ordinary sources.
     """
 

@@ -12,9 +12,10 @@ A record that fits no schema at all (`"messages": null`, a missing column) is a 
 not evidence about the file: it is left out of the decision (unless no record fits anything), and
 prep rejects it, just as it rejects the same record further down the file.
 
-`expand_dataset_files` turns the list into ordinary `dataset.sources` (one per file, named after
-it) right after composition, so every stage and the validator see plain sources; it is called by
-the entrypoint (`eagle3.cli.run_job`) and by `tests/conftest.compose_config`.
+`files_sources` is what the list stands for: ordinary sources (one per file, named after it).
+`eagle3.stages.dataset_files.expand_dataset_files` puts them in the composed config right after
+composition, so every stage and the validator see plain sources; the entrypoint
+(`eagle3.cli.run_job`) and `tests/conftest.compose_config` call it.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
-
-from omegaconf import DictConfig, OmegaConf, open_dict
+from typing import Any, Optional, cast
 
 from eagle3.config.checks import ConfigErrors
-from eagle3.config.schema import DatasetSourceConfig
+from eagle3.config.schema import DatasetConfig, DatasetSourceConfig
 from eagle3.data.adapters import ADAPTERS, Adapter
 from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, UnreadableDataFile, file_kind, head_records
@@ -218,9 +217,12 @@ def source_name(path: str, taken: set[str]) -> str:
     return name
 
 
-def files_sources(dataset: DictConfig, err: ConfigErrors,
-                  cwd: Optional[str] = None) -> tuple[dict[str, dict[str, Any]], list[str]]:
+def files_sources(dataset: DatasetConfig, err: ConfigErrors,
+                  cwd: Optional[str] = None) -> tuple[dict[str, DatasetSourceConfig], list[str]]:
     """The sources `dataset.files` stands for, and one log line per file; mistakes go to `err`.
+
+    Each source takes `dataset.track`, `dataset.schema` (or the one detected) and the per-file
+    settings (`num_samples`, `thinking`) that are not None; names avoid the sources already there.
 
     Relative paths are taken from `cwd` (default: where the user ran from) and stored absolute,
     so what a job reads never depends on a later working directory.
@@ -238,7 +240,7 @@ def files_sources(dataset: DictConfig, err: ConfigErrors,
                 "dataset.schema=<one of " + ", ".join(ADAPTERS) + ">")
     cwd = cwd or origin_cwd()
     taken, seen = set(dataset.sources or {}), set()
-    sources: dict[str, dict[str, Any]] = {}
+    sources: dict[str, DatasetSourceConfig] = {}
     notes: list[str] = []
     for given in files:
         path = os.path.normpath(os.path.join(cwd, os.path.expanduser(str(given))))
@@ -268,30 +270,11 @@ def files_sources(dataset: DictConfig, err: ConfigErrors,
         how = "given by dataset.schema" if schema is not None else f"keys: {_shown(found.keys)}"
         remap = f", columns {found.columns}" if found.columns and schema is None else ""
         notes.append(f"dataset=files: {given} -> source {name}, schema {found.schema}{remap} ({how})")
-        src: dict[str, Any] = {"track": track, "schema": found.schema, "data_files": [path],
-                               "columns": found.columns, "description": f"dataset.files: {given}"}
-        src.update({k: dataset[k] for k in ("num_samples", "thinking") if dataset[k] is not None})
-        sources[name] = src
+        settings: dict[str, Any] = {k: getattr(dataset, k) for k in ("num_samples", "thinking")
+                                    if getattr(dataset, k) is not None}
+        # A track of None has put its line in `err`, and a caller uses no source then.
+        sources[name] = DatasetSourceConfig(track=cast(str, track), schema=found.schema, data_files=[path],
+                                            columns=dict(found.columns), description=f"dataset.files: {given}",
+                                            **settings)
     return sources, notes
 
-
-def expand_dataset_files(cfg: DictConfig) -> None:
-    """Turn `dataset.files` into `dataset.sources` (one per file), once, right after composition.
-
-    On success the files become sources and `dataset.files` is emptied (so a second call does
-    nothing), and each file's schema is logged. When any file or option is wrong nothing changes:
-    the validator finds `dataset.files` still set and reports every mistake, one line each.
-    """
-    files = OmegaConf.select(cfg, "dataset.files", default=None, throw_on_missing=False)
-    if not files or OmegaConf.is_missing(cfg.dataset, "files"):
-        return
-    err = ConfigErrors()
-    sources, notes = files_sources(cfg.dataset, err)
-    if err.lines:
-        return
-    for note in notes:
-        log.info("%s", note)
-    with open_dict(cfg.dataset.sources):
-        for name, src in sources.items():
-            cfg.dataset.sources[name] = DatasetSourceConfig(**src)
-    cfg.dataset.files = None

@@ -30,6 +30,7 @@ from typing import IO, Any, Optional, cast
 
 from eagle3.artifacts import file_sha256
 from eagle3.artifacts.records import unencodable_text
+from eagle3.config.schema import DatasetSourceConfig
 from eagle3.errors import Eagle3Error
 
 #: Local file types a source's `data_files` may list (checked by the config validator).
@@ -388,22 +389,22 @@ def latest_dataset_commit(hub_id: str, timeout_s: float = 20.0) -> Optional[str]
         return None
 
 
-def _iter_hub(src: dict, hf_cache: Optional[str]) -> Iterator[RawItem]:
+def _iter_hub(src: DatasetSourceConfig, hf_cache: Optional[str]) -> Iterator[RawItem]:
     import datasets
 
-    ds = datasets.load_dataset(src["hub_id"], src.get("subset"), split=src["split"], revision=src.get("revision"),
-                               streaming=bool(src.get("streaming")), cache_dir=hf_cache)
+    ds = datasets.load_dataset(src.hub_id, src.subset, split=src.split, revision=src.revision,
+                               streaming=src.streaming, cache_dir=hf_cache)
     for i, row in enumerate(ds):
-        yield RawItem(dict(row), f"{src['hub_id']}:{src['split']}#{i}")
+        yield RawItem(dict(row), f"{src.hub_id}:{src.split}#{i}")
 
 
-def iter_source(src: dict[str, Any], hf_cache: Optional[str] = None,
+def iter_source(src: DatasetSourceConfig, hf_cache: Optional[str] = None,
                 generator_file: Optional[Path] = None) -> Iterator[RawItem]:
     """Every raw record of one source, in a deterministic order.
 
     Args:
-        src: The source config as plain data (`OmegaConf.to_container`), so nothing OmegaConf
-            reaches `datasets`.
+        src: The source's config (`dataset.sources.<name>`); one origin of `generator`,
+            `data_files`, `hub_id` is read, in that order.
         hf_cache: `paths.hf_cache` (None = the library's default cache).
         generator_file: For `generator` sources, the demo_data stage's ``data.jsonl`` (the
             caller finds it through that stage's manifest).
@@ -411,12 +412,12 @@ def iter_source(src: dict[str, Any], hf_cache: Optional[str] = None,
     Raises:
         ValueError: A data file of an unsupported type (the validator rejects those earlier).
     """
-    if src.get("generator"):
+    if src.generator:
         if generator_file is None:
             raise ValueError("a generator source needs the demo_data output file")
         yield from iter_jsonl(str(generator_file))
-    elif src.get("data_files"):
-        for path in src["data_files"]:
+    elif src.data_files:
+        for path in src.data_files:
             kind = file_kind(path)
             if kind is None:
                 raise ValueError(f"{path}: unsupported data file type; valid: {', '.join(SUPPORTED_SUFFIXES)}")

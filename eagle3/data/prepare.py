@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from eagle3.artifacts import StageOutput, progress
 from eagle3.artifacts.atomic import temp_path_for
+from eagle3.config.schema import DatasetSourceConfig, PrepConfig
 from eagle3.data.adapters import AdapterError, convert, raw_id, resolve_columns
 from eagle3.data.conversation import (
     TRACK_PROMPT_ONLY,
@@ -34,7 +35,8 @@ log = logging.getLogger("eagle3")
 SPILL_FILE = "spill.jsonl"  # the valid records of the scan, until the sample is chosen (a temp file)
 
 
-def canonical_record(raw: dict, rid: str, unit: str, src: dict, columns: dict, prep: dict) -> dict:
+def canonical_record(raw: dict, rid: str, unit: str, src: DatasetSourceConfig, columns: dict,
+                     prep: PrepConfig) -> dict:
     """One raw record -> the canonical record of its track, or ConversationError/AdapterError.
 
     The structural check runs on the whole raw conversation for both tracks: an answer before any
@@ -43,24 +45,24 @@ def canonical_record(raw: dict, rid: str, unit: str, src: dict, columns: dict, p
     data it is the normal shape (a file of questions), since the target writes every answer anyway.
     Turn limits count the raw user turns; `max_chars` measures what is written.
     """
-    conv = convert(src["schema"], raw, columns)
+    conv = convert(src.schema, raw, columns)
     messages, tools = conv["messages"], conv["tools"]
     problem = conversation_problem({"messages": messages, "tools": tools})
-    if problem and not (src["track"] == TRACK_PROMPT_ONLY and problem[0] == "user_last"):
+    if problem and not (src.track == TRACK_PROMPT_ONLY and problem[0] == "user_last"):
         raise ConversationError(*problem)
     n_user = count_role(messages, "user")
-    if n_user < prep["min_user_turns"]:
-        raise ConversationError("too_few_turns", f"{n_user} user turns < prep.min_user_turns={prep['min_user_turns']}")
-    if n_user > prep["max_user_turns"]:
-        raise ConversationError("too_many_turns", f"{n_user} user turns > prep.max_user_turns={prep['max_user_turns']}")
-    meta = {**conv["meta"], "raw_id": rid.split(":", 1)[1], "schema": src["schema"], "user_turns": n_user,
+    if n_user < prep.min_user_turns:
+        raise ConversationError("too_few_turns", f"{n_user} user turns < prep.min_user_turns={prep.min_user_turns}")
+    if n_user > prep.max_user_turns:
+        raise ConversationError("too_many_turns", f"{n_user} user turns > prep.max_user_turns={prep.max_user_turns}")
+    meta = {**conv["meta"], "raw_id": rid.split(":", 1)[1], "schema": src.schema, "user_turns": n_user,
             "dropped_assistant_turns": 0, "dropped_tool_results": 0}
-    if src["track"] == TRACK_PROMPT_ONLY:
+    if src.track == TRACK_PROMPT_ONLY:
         messages, meta["dropped_assistant_turns"], meta["dropped_tool_results"] = prompt_only_messages(messages)
     chars = text_chars(messages)
-    if chars > prep["max_chars"]:
-        raise ConversationError("too_long", f"{chars} characters > prep.max_chars={prep['max_chars']}")
-    record: dict[str, Any] = {"id": rid, "source": unit, "track": src["track"], "messages": messages}
+    if chars > prep.max_chars:
+        raise ConversationError("too_long", f"{chars} characters > prep.max_chars={prep.max_chars}")
+    record: dict[str, Any] = {"id": rid, "source": unit, "track": src.track, "messages": messages}
     if tools:
         record["tools"] = tools
     record["meta"] = meta
@@ -75,10 +77,10 @@ def _reject(out: StageOutput, rid: str, reason: str, detail: str, unit: str, whe
         out.reject(rid, reason, detail, source=unit, where=where)
 
 
-def _scan(out: StageOutput, unit: str, src: dict, prep: dict, generator_file: Optional[Path],
+def _scan(out: StageOutput, unit: str, src: DatasetSourceConfig, prep: PrepConfig, generator_file: Optional[Path],
           hf_cache: Optional[str], selector: Selector) -> None:
     """Read every raw record once: reject the bad ones, spill the valid ones."""
-    columns = resolve_columns(src["schema"], src.get("columns"))
+    columns = resolve_columns(src.schema, src.columns)
     seen: set[str] = set()  # every id read (the output writers only know the ids they wrote)
     repeats: dict[str, int] = {}
     for item in progress(iter_source(src, hf_cache, generator_file), desc=f"prep {unit}", unit="rec"):
@@ -112,15 +114,15 @@ def _scan(out: StageOutput, unit: str, src: dict, prep: dict, generator_file: Op
             _reject(out, rid, "adapter_error", f"{type(exc).__name__}: {exc}", unit, item.where)
 
 
-def prepare_source(out: StageOutput, unit: str, src: dict[str, Any], prep: dict[str, Any],
+def prepare_source(out: StageOutput, unit: str, src: DatasetSourceConfig, prep: PrepConfig,
                    generator_file: Optional[Path], hf_cache: Optional[str], seed: int, output_name: str) -> dict:
     """Scan one source into `out`: canonical records of the nested sample, rejects with reasons.
 
     Args:
         out: The open unit output.
         unit: The source's name.
-        src: The source's config (`dataset.sources.<unit>`, plain data).
-        prep: `prep.*` as plain data (filters, dedupe).
+        src: The source's config (`dataset.sources.<unit>`; a hub source with its commit pinned).
+        prep: `prep.*` (filters, dedupe).
         generator_file: The demo_data output to read instead of a hub/local origin, or None.
         hf_cache: Cache directory of hub datasets.
         seed: The sampling seed (`data.seed`).
@@ -130,9 +132,9 @@ def prepare_source(out: StageOutput, unit: str, src: dict[str, Any], prep: dict[
         The manifest `extra`: schema, track, file, available records, num_samples.
     """
     records = out.records(output_name)
-    with Selector(temp_path_for(out.dir / SPILL_FILE), seed, bool(prep["dedupe"])) as selector:
+    with Selector(temp_path_for(out.dir / SPILL_FILE), seed, prep.dedupe) as selector:
         _scan(out, unit, src, prep, generator_file, hf_cache, selector)
-        chosen = selector.choose(src.get("num_samples"))
+        chosen = selector.choose(src.num_samples)
         for index in chosen.selected:  # key order: the sample at N is a prefix of the one at N' > N
             record, _ = selector.read(index)
             if not out.is_done(record["id"]):
@@ -143,8 +145,8 @@ def prepare_source(out: StageOutput, unit: str, src: dict[str, Any], prep: dict[
                     f"same normalized prompt as {selector.read(kept)[0]['id']}, which has the smaller sampling key",
                     unit, where)
     out.count_reject("not_sampled", chosen.not_sampled)
-    if src.get("num_samples") and chosen.available < src["num_samples"]:
+    if src.num_samples and chosen.available < src.num_samples:
         log.warning("[prep] %s: only %d usable records for num_samples=%d", unit, chosen.available,
-                    src["num_samples"])
-    return {"schema": src["schema"], "track": src["track"], "file": output_name,
-            "available": chosen.available, "num_samples": src.get("num_samples")}
+                    src.num_samples)
+    return {"schema": src.schema, "track": src.track, "file": output_name,
+            "available": chosen.available, "num_samples": src.num_samples}

@@ -10,10 +10,13 @@ the output equals plain greedy decoding token for token (it must).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from eagle3.config.schema import TrainConfig
 
 __all__ = ["LossyDecoding", "load_eval_draft", "real_acceptance", "simulated_acceptance"]
 
@@ -40,14 +43,13 @@ def load_eval_draft(export_dir: Path, target_path: str, *, revision: Optional[st
     return geometry, draft, head
 
 
-def simulated_acceptance(geometry: Any, draft: Any, head: torch.Tensor, train_cfg: dict[str, Any],
+def simulated_acceptance(geometry: Any, draft: Any, head: torch.Tensor, train: TrainConfig,
                          eval_set: Any, ks: Sequence[int], batch_tokens: int) -> dict[str, Any]:
     """Per-step agreement on the eval split, over max(train steps, max K) steps (`pooled_eval`)."""
     from eagle3.draft.lightning_module import DraftModule
     from eagle3.draft.pooled_eval import evaluate_pooled
 
-    train_cfg = {**train_cfg, "ttt_steps": max(int(train_cfg["ttt_steps"]), max(int(k) for k in ks))}
-    module = DraftModule(geometry, head, train_cfg)
+    module = DraftModule(geometry, head, replace(train, ttt_steps=max(train.ttt_steps, max(int(k) for k in ks))))
     module.draft.load_state_dict(draft.state_dict())
     return evaluate_pooled(module, eval_set, batch_tokens=batch_tokens)
 

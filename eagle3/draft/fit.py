@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from omegaconf import DictConfig
 
-from eagle3.config_dict import config_dict
-from eagle3.draft.geometry import engines_refusing, geometry_from_target
+from eagle3.config.schema import Eagle3Config, ModelConfig
+from eagle3.draft.geometry import DraftGeometry, engines_refusing, geometry_from_target
 from eagle3.draft.options import AUTO_PRECISION
 from eagle3.dtypes import cpu_has_native_bf16
 from eagle3.errors import Eagle3Error
@@ -37,15 +37,13 @@ LAST_CHECKPOINT = "last.ckpt"
 FIT_SUMMARY = "fit_summary.json"
 
 
-def draft_geometry(cfg: DictConfig):
-    """The draft geometry for this config, from the target's config.json."""
-    m = cfg.model
-    directory = resolve_dir(m.path, m.revision, cfg.paths.hf_cache)
-    target_cfg = read_config(directory, m.text_config_key)
+def draft_geometry(model: ModelConfig, hf_cache: Optional[str]) -> DraftGeometry:
+    """The draft geometry for this target, from the target's config.json (`model.draft` overrides fields)."""
+    directory = resolve_dir(model.path, model.revision, hf_cache)
+    target_cfg = read_config(directory, model.text_config_key)
     if target_cfg is None:
         raise TargetConfigError(f"model.path: {directory} has no {CONFIG_FILE} (or it is not a JSON object)")
-    return geometry_from_target(target_cfg, m.capture_layers, int(m.draft.vocab_size),
-                                config_dict(m.draft, resolve=True))
+    return geometry_from_target(target_cfg, model.capture_layers, model.draft.vocab_size, asdict(model.draft))
 
 
 def load_vocab_maps(d2t_file: Path, t2d_file: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,34 +67,47 @@ def resolve_precision(precision: str, accelerator: str = "auto") -> str:
     return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 
-def build_trainer(t: DictConfig, ckpt_dir: Path, loggers: list, callbacks: list):
-    """The Lightning Trainer of `train.*`: checkpoints every N steps and `last.ckpt`, atomic writes."""
+def build_trainer(config: Eagle3Config, run_dir: Path, unit_dir: Path, data_callbacks: Sequence[Any] = ()):
+    """The Lightning Trainer of one train unit: the one place `train.*` meets Lightning.
+
+    Callbacks: `data_callbacks` (the data position a resumed run restarts from), the fit summary
+    stage train reads back (`FIT_SUMMARY`), checkpoints every `train.checkpoint_every_n_steps`
+    steps and `last.ckpt` (written atomically), progress lines when no terminal watches, and the
+    LR monitor when there is a logger. Loggers: the job's (`eagle3.tracking.job_loggers`), shared
+    with the stages that log reports into the same run after training; the W&B run records the
+    whole config, which is why this takes all of it rather than `train` alone.
+    """
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
+    from eagle3.draft.data import FitSummaryCallback
     from eagle3.draft.progress import ProgressLines, interactive
+    from eagle3.tracking import job_loggers
 
-    every = int(t.checkpoint_every_n_steps)
+    t = config.train
+    loggers = job_loggers(config, run_dir)
+    ckpt_dir = unit_dir / CHECKPOINT_DIR
+    every = t.checkpoint_every_n_steps
     checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step{step}", auto_insert_metric_name=False,
                                  every_n_train_steps=every if every > 0 else None, save_last=True, save_top_k=1,
                                  save_on_train_epoch_end=True)
     watched = interactive()
-    all_callbacks = [*callbacks, checkpoint]
+    callbacks = [*data_callbacks, FitSummaryCallback(unit_dir / FIT_SUMMARY), checkpoint]
     if not watched:
-        all_callbacks.append(ProgressLines(float(t.progress_every_s)))
+        callbacks.append(ProgressLines(t.progress_every_s))
     if loggers:
-        all_callbacks.append(LearningRateMonitor(logging_interval="step"))
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
     devices = t.devices if not isinstance(t.devices, str) or t.devices == "auto" else int(t.devices)
     return L.Trainer(
         accelerator=t.accelerator, devices=devices, strategy=t.strategy,
         # One of draft.options.PRECISIONS (validated), all of which Lightning's literal type lists.
-        precision=resolve_precision(str(t.precision), str(t.accelerator)),  # type: ignore[arg-type]
-        max_epochs=int(t.max_epochs), max_steps=int(t.max_steps),
+        precision=resolve_precision(t.precision, t.accelerator),  # type: ignore[arg-type]
+        max_epochs=t.max_epochs, max_steps=t.max_steps,
         gradient_clip_val=float(t.grad_clip) if t.grad_clip else None,
-        logger=loggers or False, callbacks=all_callbacks, plugins=[AtomicCheckpointIO()],
-        log_every_n_steps=int(t.log_every_n_steps), check_val_every_n_epoch=int(t.eval_every_n_epochs),
-        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(ckpt_dir.parent),
+        logger=loggers or False, callbacks=callbacks, plugins=[AtomicCheckpointIO()],
+        log_every_n_steps=t.log_every_n_steps, check_val_every_n_epoch=t.eval_every_n_epochs,
+        num_sanity_val_steps=0, enable_model_summary=False, default_root_dir=str(unit_dir),
         enable_progress_bar=watched,
         use_distributed_sampler=False,
     )
@@ -130,35 +141,34 @@ def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None) -> 
     return split_dataset(inputs, "train", make_source), split_dataset(inputs, "eval", make_source)
 
 
-def fit_draft(cfg: DictConfig, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],
-              unit_dir: Path, loggers: list) -> FitResult:
+def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],
+              unit_dir: Path, run_dir: Path) -> FitResult:
     """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
 
     Args:
-        cfg: The composed config (`model`, `train`, `seed`, `paths.hf_cache`).
+        config: The job's config (`model`, `train`, `seed`, `paths.hf_cache`, and `logger` for the trainer).
         train_set, eval_set: The splits (`training_sets`: stored or online states).
         vocab_maps: `(d2t, t2d)` of the vocab stage (`load_vocab_maps`).
         unit_dir: The train unit directory (checkpoints and the fit summary go there).
-        loggers: The job's Lightning loggers.
+        run_dir: The job's run directory (its loggers).
     """
     import lightning as L
 
-    from eagle3.draft.data import DraftDataModule, FitSummaryCallback
+    from eagle3.draft.data import DraftDataModule
     from eagle3.draft.lightning_module import DraftModule
     from eagle3.draft.target_weights import load_embedding_and_head
 
-    m, t = cfg.model, cfg.train
-    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    geometry = draft_geometry(cfg)
-    embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache,
+    m, t = config.model, config.train
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    geometry = draft_geometry(m, config.paths.hf_cache)
+    embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=config.paths.hf_cache,
                                           text_config_key=m.text_config_key)
     d2t, t2d = vocab_maps
-    module = DraftModule(geometry, head, config_dict(t, resolve=True), embed=embed, d2t=d2t, t2d=t2d)
-    data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=int(t.batch_tokens),
-                           seed=int(cfg.seed), num_workers=int(t.num_workers))
+    module = DraftModule(geometry, head, t, embed=embed, d2t=d2t, t2d=t2d)
+    data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=t.batch_tokens,
+                           seed=config.seed, num_workers=t.num_workers)
+    trainer = build_trainer(config, run_dir, unit_dir, [data.position_callback()])
     ckpt_dir = unit_dir / CHECKPOINT_DIR
-    summary = FitSummaryCallback(unit_dir / FIT_SUMMARY)
-    trainer = build_trainer(cfg.train, ckpt_dir, loggers, [data.position_callback(), summary])
     resume, resumed_at = resume_point(ckpt_dir)
     if resume is not None:
         log.info("train: resuming from %s (step %d)", resume, resumed_at)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from eagle3.config.schema import ModelConfig
 from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
 from eagle3.layer_ids import (
     ENGINE_NUM_CAPTURES,
@@ -130,8 +130,8 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
     )
 
 
-def config_geometry(model: Mapping[str, Any]) -> DraftGeometry:
-    """The geometry stage train builds for the config's `model` node, without torch or the hub.
+def config_geometry(model: ModelConfig | Mapping[str, Any]) -> DraftGeometry:
+    """The geometry stage train builds for the config's `model`, without torch or the hub.
 
     The target's fields come from its local `config.json` when `model.path` is a directory (as
     train reads them), else from `model.num_layers` / `hidden_size` / `vocab_size`. An
@@ -143,6 +143,9 @@ def config_geometry(model: Mapping[str, Any]) -> DraftGeometry:
         KeyError, TypeError, ValueError, ZeroDivisionError: values no geometry can be made of
             (config validation reports those keys on their own).
     """
+    if is_dataclass(model):
+        model = asdict(model)
+    assert isinstance(model, Mapping)  # a ModelConfig is one once asdict made it a dict
     target = read_config(str(model["path"]), model.get("text_config_key")) or {
         "num_hidden_layers": model["num_layers"], "hidden_size": model["hidden_size"],
         "vocab_size": model["vocab_size"]}
@@ -258,12 +261,14 @@ def engines_refusing(g: DraftGeometry, engines=ENGINES,
     return {engine: why for engine, why in refused.items() if why}
 
 
-def config_refusals(model: Any) -> dict[str, list[GeometryRefusal]]:
-    """`engines_refusing` for the draft stage train would build from the config's `model` node
-    (`config_geometry`); empty when its values make no geometry (their own rules report them)."""
+def config_refusals(model: ModelConfig | Mapping[str, Any]) -> dict[str, list[GeometryRefusal]]:
+    """`engines_refusing` for the draft stage train would build from the config's `model`
+    (`config_geometry`); empty when its values make no geometry (their own rules report them).
+
+    A mapping (a plain dict, or a composed node whose values resolve as they are read) is taken too:
+    a value it cannot resolve raises OmegaConf's error, which counts as no geometry.
+    """
     try:
-        if OmegaConf.is_config(model):
-            model = OmegaConf.to_container(model, resolve=True)
         g = config_geometry(model)
     except (OmegaConfBaseException, KeyError, TypeError, ValueError, ZeroDivisionError):
         return {}

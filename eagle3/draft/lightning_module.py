@@ -8,13 +8,14 @@ whole eval split (and over ranks) before they are logged, so they are one figure
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, cast
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
 
+from eagle3.config.schema import TrainConfig
 from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
@@ -40,13 +41,14 @@ class DraftModule(L.LightningModule):
         geometry: Draft shape. head: Frozen target lm_head `[V, H_t]` (the teacher).
         embed / d2t / t2d: Target embedding and vocab maps, copied into the draft when given
             (a resumed run gets them from its checkpoint instead).
-        train_cfg: Plain dict of the `train` config (ttt_steps, ttt_decay, out_of_vocab,
-            optimizer with `_target_`, warmup_ratio, ...).
+        train: The `train` config (TTT steps and loss, optimizer, schedule). It stays an
+            attribute, out of the checkpoint: a resumed run takes the config of its rerun, whose
+            fingerprint equals the killed one's.
     """
 
     teacher_head: torch.Tensor  # a buffer (register_buffer), declared for the type checker
 
-    def __init__(self, geometry: DraftGeometry, head: torch.Tensor, train_cfg: Mapping[str, Any],
+    def __init__(self, geometry: DraftGeometry, head: torch.Tensor, train: TrainConfig,
                  embed: torch.Tensor | None = None, d2t: torch.Tensor | None = None,
                  t2d: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -55,8 +57,8 @@ class DraftModule(L.LightningModule):
             assert d2t is not None and t2d is not None, "embed, d2t and t2d are given together"
             self.draft.init_from_target(embed, head, d2t, t2d)
         self.register_buffer("teacher_head", head.float(), persistent=False)
-        self.cfg = dict(train_cfg)
-        self.steps = int(self.cfg["ttt_steps"])
+        self.train_config = train
+        self.steps = train.ttt_steps
         self._eval_sums: dict[str, torch.Tensor] = {}
         self.last_eval: dict[str, Any] = {}
 
@@ -64,14 +66,13 @@ class DraftModule(L.LightningModule):
     def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0):
         needed = teacher_positions(batch["loss_mask"], batch["lengths"])
         aux = add_state_noise(batch["aux"], len(self.draft.geometry.capture_layers), state_noise)
+        t = self.train_config
         teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
-                                  renormalise=self.cfg["teacher"] == TEACHER_DRAFT_VOCAB, needed=needed)
+                                  renormalise=t.teacher == TEACHER_DRAFT_VOCAB, needed=needed)
         return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
-                           teacher, steps=self.steps, decay=float(self.cfg["ttt_decay"]),
-                           out_of_vocab=str(self.cfg["out_of_vocab"]),
-                           block_size=int(self.cfg["attention_block"]),
-                           logits_budget_bytes=float(self.cfg["logits_memory_gb"]) * 2**30,
-                           loss=str(self.cfg["loss"]))
+                           teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
+                           block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,
+                           loss=t.loss)
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}
@@ -85,7 +86,7 @@ class DraftModule(L.LightningModule):
         return metrics
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.run_batch(batch, state_noise=float(self.cfg["state_noise"]))  # eval reads clean states
+        out = self.run_batch(batch, state_noise=self.train_config.state_noise)  # eval reads clean states
         tokens = batch["lengths"].sum()
         self.log_dict(self._step_metrics(out, "train"), on_step=True, on_epoch=False, prog_bar=False,
                       batch_size=int(tokens))
@@ -113,7 +114,7 @@ class DraftModule(L.LightningModule):
             sums = {k: cast(torch.Tensor, self.all_gather(v)).sum(0) for k, v in sums.items()}
         step_loss = sums["loss_sum"] / sums["loss_tokens"].clamp(min=1)
         acc = sums["correct"] / sums["counted"].clamp(min=1)
-        decay = float(self.cfg["ttt_decay"])
+        decay = self.train_config.ttt_decay
         metrics = {"eval/loss": sum(decay ** k * step_loss[k] for k in range(self.steps))}
         for k in range(self.steps):
             metrics[f"eval/loss_{k}"] = step_loss[k]
@@ -130,10 +131,11 @@ class DraftModule(L.LightningModule):
     def configure_optimizers(self):
         params = [(name, p) for name, p in self.draft.named_parameters() if p.requires_grad]
         # Partial, so the (name, tensor) pairs reach the optimizer as tuples (instantiate would turn them into lists).
-        optimizer = instantiate(dict(self.cfg["optimizer"]), _partial_=True, _convert_="all")(params)
+        t = self.train_config
+        optimizer = instantiate(asdict(t.optimizer), _partial_=True, _convert_="all")(params)
         total = int(self.trainer.estimated_stepping_batches)
-        warmup = int(round(float(self.cfg["warmup_ratio"]) * total))
-        floor, schedule = float(self.cfg["min_lr_ratio"]), str(self.cfg["lr_schedule"])
+        warmup = int(round(t.warmup_ratio * total))
+        floor, schedule = t.min_lr_ratio, t.lr_schedule
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_multiplier(s, total, warmup, floor, schedule))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -7,28 +7,34 @@ samples, tokens, generated tokens, the hidden-state store in bf16 and fp8, train
 token-epochs, and the extract preflight's disk check. Counts come from the manifests of stages
 that already ran; the rest is derived from the config and marked with its basis
 (`eagle3.planning.figures`). No model, tokenizer or dataset is loaded.
+
+The figures come from the typed config (`Eagle3Config`); what only the composed Hydra config can
+answer -- a stage's units and their fingerprinted directories -- comes through a `ChainView`,
+which the stages implement (`eagle3.stages.plan.ConfigChain`): fingerprints are plain slices of
+that config, and the plan must find the very directories the stages would use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS_STOPPED, Manifest
-from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
-from eagle3.config_dict import config_dict
+from eagle3.config.schema import DatasetSourceConfig, Eagle3Config
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.draft.geometry import config_geometry
 from eagle3.draft.options import ONLINE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
-from eagle3.stages.base import MissingInput, StageContext
+from eagle3.planning.view import ChainView
+from eagle3.stages.base import MissingInput
 from eagle3.target_info import target_config
 
-__all__ = ["FORMAT_VERSION", "Planner", "UnitPlan", "build_plan"]
+if TYPE_CHECKING:
+    from eagle3.stages.base import UnitStage
+
+__all__ = ["FORMAT_VERSION", "ChainView", "Planner", "UnitPlan", "build_plan"]
 
 FORMAT_VERSION = 1
 SHOWN_FORMATS = ("bf16", "fp8")  # always both: the choice between them is the plan's main lever
@@ -66,7 +72,7 @@ class UnitPlan:
                 "other": self.other, "notes": self.notes}
 
 
-def _origin(src: DictConfig) -> str:
+def _origin(src: DatasetSourceConfig) -> str:
     if src.generator is not None:
         return f"built-in {src.generator}"
     if src.hub_id is not None:
@@ -74,7 +80,7 @@ def _origin(src: DictConfig) -> str:
     return "files " + ", ".join(str(p) for p in src.data_files or [])
 
 
-def locate(stage, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[UnitPlan, Optional[Manifest]]:
+def locate(chain: ChainView, stage: UnitStage, unit: str) -> tuple[UnitPlan, Optional[Manifest]]:
     """Where a unit's output is and whether it is there, without creating anything.
 
     `UnitStage.locate` gives the directory; `unit_inputs` is asked as well (it is what locate
@@ -82,8 +88,8 @@ def locate(stage, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[UnitPl
     is not complete: then the directory cannot be known yet, and the row says which stage to run.
     """
     try:
-        inputs = stage.unit_inputs(cfg, ctx, unit)
-        where, manifest = stage.locate(cfg, ctx, unit)
+        inputs = chain.unit_inputs(stage, unit)
+        where, manifest = chain.locate(stage, unit)
     except MissingInput as exc:
         return UnitPlan(stage.name, unit, "missing", after=exc.stage or "an upstream stage", after_unit=exc.unit,
                         notes=[str(exc)]), None
@@ -107,9 +113,9 @@ def locate(stage, cfg: DictConfig, ctx: StageContext, unit: str) -> tuple[UnitPl
 class Planner:
     """Walks the chain in order; later stages build on the figures of earlier ones."""
 
-    def __init__(self, cfg: DictConfig, ctx: StageContext):
-        self.cfg, self.ctx = cfg, ctx
-        self.tps = int(cfg.extract.assumed_tokens_per_sample)
+    def __init__(self, config: Eagle3Config, chain: ChainView):
+        self.config, self.chain = config, chain
+        self.tps = config.extract.assumed_tokens_per_sample
         # Per source: samples after demo_data / prep / generate, (samples, tokens) after tokenize.
         self.raw_samples: dict[str, Figure] = {}
         self.prep_samples: dict[str, Figure] = {}
@@ -117,16 +123,16 @@ class Planner:
         self.tokenized: dict[str, tuple[Figure, Figure]] = {}
         self.mix: dict[str, Figure] = {}
         self.store: dict[str, Any] = {}
-        data = cfg.data
-        planned = None if data.scale is None else int(data.scale) + int(data.eval_size)
-        self.shares = figures.merge_shares({n: float(s.weight) for n, s in cfg.dataset.sources.items()}, planned)
+        data = config.data
+        planned = None if data.scale is None else data.scale + data.eval_size
+        self.shares = figures.merge_shares({n: s.weight for n, s in config.dataset.sources.items()}, planned)
 
-    def source(self, unit: str) -> DictConfig:
-        return self.cfg.dataset.sources[unit]
+    def source(self, unit: str) -> DatasetSourceConfig:
+        return self.config.dataset.sources[unit]
 
     def share_note(self, unit: str) -> str:
         share = self.shares.get(unit)
-        return "" if share is None else f"merge uses ~{share:,} (weight {float(self.source(unit).weight):g})"
+        return "" if share is None else f"merge uses ~{share:,} (weight {self.source(unit).weight:g})"
 
     # One method per chain stage: fill row.figures / row.other from the manifest or the config.
     def demo_data(self, row: UnitPlan, m: Optional[Manifest]) -> None:
@@ -146,28 +152,26 @@ class Planner:
         row.other = self.share_note(row.unit)
 
     def generate(self, row: UnitPlan, m: Optional[Manifest]) -> None:
-        gen = self.cfg.generate
+        gen = self.config.generate
         samples = (Figure(m.counts["out"], "actual") if m else figures.at_most(
             self.prep_samples[row.unit], "the prepped conversations (failed requests are rejected)"))
         self.gen_samples[row.unit] = row.figures["samples"] = samples
         to_generate, copied = samples, 0
         if m is None and row.output is not None:  # prep is done: earlier outputs may hold batches
-            from eagle3.stages.generate import copyable_conversations
-
-            copied = copyable_conversations(self.cfg, self.ctx, row.unit)
+            copied = self.chain.copyable_conversations(row.unit)
             if copied:
                 row.figures["copied_from_earlier"] = Figure(
                     copied, "actual", "conversations whose batches earlier generate outputs ran under this config")
                 to_generate = figures.derive(samples.value - copied if samples.value is not None else None, samples,
                                               basis=samples.basis, note="prepped conversations not copied")
-        one, every = figures.generated_tokens(to_generate, int(gen.max_new_tokens), int(gen.max_user_turns))
+        one, every = figures.generated_tokens(to_generate, gen.max_new_tokens, gen.max_user_turns)
         if m and "tokens_generated" in m.counts:
             one = every = Figure(m.counts["tokens_generated"], "actual", "tokens the target generated")
         row.figures["generated_tokens_one_turn"], row.figures["generated_tokens_max"] = one, every
         share = self.shares.get(row.unit)
         if not samples.known and share is not None:
             row.figures["generated_tokens_at_share"] = Figure(
-                share * int(gen.max_new_tokens), "estimate",
+                share * gen.max_new_tokens, "estimate",
                 f"merge share {share:,} x generate.max_new_tokens; set dataset.sources.{row.unit}.num_samples "
                 "to regenerate only what the mix uses (null regenerates the whole source)")
         at_share = row.figures.get("generated_tokens_at_share")
@@ -194,9 +198,9 @@ class Planner:
                    "train_tokens": Figure(m.extra["train_tokens"], "actual"),
                    "eval_tokens": Figure(sum(s.get("eval_tokens", 0) for s in per_source), "actual")}
         else:
-            data = self.cfg.data
+            data = self.config.data
             train, evl = figures.mix_split(figures.total(s for s, _ in self.tokenized.values()),
-                                            data.scale, int(data.eval_size))
+                                            data.scale, data.eval_size)
             toks = list(self.tokenized.values())
             measured = [(s.value, t.value) for s, t in toks
                         if s.basis == t.basis == "actual" and s.value is not None and t.value is not None]
@@ -218,29 +222,27 @@ class Planner:
     def vocab(self, row: UnitPlan, m: Optional[Manifest]) -> None:
         row.figures["samples"], row.figures["tokens"] = self.mix["train_samples"], self.mix["train_tokens"]
         if m is None:
-            row.figures["output_bytes"] = figures.vocab_bytes(int(self.cfg.model.draft.vocab_size),
-                                                               int(self.cfg.model.vocab_size))
+            row.figures["output_bytes"] = figures.vocab_bytes(self.config.model.draft.vocab_size,
+                                                               self.config.model.vocab_size)
         row.other = f"d2t+t2d {row.figures['output_bytes'].value:,} B"
 
     def plan_store(self, m: Optional[Manifest]) -> tuple[Figure, Figure]:
         """The store this config's extraction fills (also planned when online training fills none)."""
-        from eagle3.stages.extract import store_dir
-
-        model, ex = self.cfg.model, self.cfg.extract
+        model, ex = self.config.model, self.config.extract
         samples = figures.total([self.mix["train_samples"], self.mix["eval_samples"]], "train + eval")
         tokens = figures.total([self.mix["train_tokens"], self.mix["eval_tokens"]], "train + eval")
         if m:
             samples, tokens = Figure(m.extra["samples"], "actual"), Figure(m.counts["tokens"], "actual")
-        configured = str(ex.storage_format)
+        configured = ex.storage_format
         fmts = list(dict.fromkeys([*SHOWN_FORMATS, configured]))
-        ests = figures.store_estimates(samples, tokens, int(model.hidden_size), len(model.capture_layers), fmts)
-        self.store = {"dir": store_dir(self.cfg), "configured": configured, "formats": fmts, "estimates": ests,
+        ests = figures.store_estimates(samples, tokens, model.hidden_size, len(model.capture_layers), fmts)
+        self.store = {"dir": self.chain.store_dir(), "configured": configured, "formats": fmts, "estimates": ests,
                       "complete": m is not None,
                       "bytes": {fmt: figures.store_bytes(ests[fmt], samples, tokens) for fmt in fmts}}
         return samples, tokens
 
     def extract(self, row: UnitPlan, m: Optional[Manifest]) -> None:
-        model = self.cfg.model
+        model = self.config.model
         samples, tokens = self.plan_store(m)
         row.figures["samples"], row.figures["tokens"] = samples, tokens
         configured, fmts, ests = self.store["configured"], self.store["formats"], self.store["estimates"]
@@ -251,7 +253,7 @@ class Planner:
             _human(ests[fmt].total) if ests[fmt] else "?") for fmt in fmts)
         if not samples.known:  # still say what the store costs per 1K samples, as the dry run does
             per_1k = figures.store_estimates(Figure(1000, "config"), Figure(1000 * self.tps, "assumed"),
-                                              int(model.hidden_size), len(model.capture_layers), fmts)
+                                              model.hidden_size, len(model.capture_layers), fmts)
             for fmt in fmts:
                 row.figures[f"store_bytes_{fmt}_per_1k_samples"] = figures.store_bytes(
                     per_1k[fmt], Figure(1000, "config"), Figure(1000 * self.tps, "assumed"))
@@ -259,17 +261,16 @@ class Planner:
                 f"{fmt} {_human(est.total) if est else '?'}" for fmt, est in per_1k.items()) + ")"
 
     def train(self, row: UnitPlan, m: Optional[Manifest]) -> None:
-        tr = self.cfg.train
+        tr = self.config.train
         row.figures["samples"], row.figures["tokens"] = self.mix["train_samples"], self.mix["train_tokens"]
-        epochs = figures.token_epochs(self.mix["train_tokens"], int(tr.max_epochs), int(tr.max_steps))
+        epochs = figures.token_epochs(self.mix["train_tokens"], tr.max_epochs, tr.max_steps)
         row.figures["token_epochs"] = epochs
         row.other = f"token-epochs {epochs.value:,}" if epochs.known else "token-epochs ?"
 
     def eval(self, row: UnitPlan, m: Optional[Manifest]) -> None:
-        ev = self.cfg.eval
+        ev = self.config.eval
         row.figures["samples"], row.figures["tokens"] = self.mix["eval_samples"], self.mix["eval_tokens"]
-        dec = figures.decode_tokens(self.mix["eval_samples"], int(ev.num_prompts), int(ev.max_new_tokens),
-                                     len(ev.ks))
+        dec = figures.decode_tokens(self.mix["eval_samples"], ev.num_prompts, ev.max_new_tokens, len(ev.ks))
         row.figures["decode_tokens"] = dec
         row.other = f"decode <= {dec.value:,} tokens"
 
@@ -280,29 +281,29 @@ def _human(n: int) -> str:
     return format_bytes(n)
 
 
-def _model_source(cfg: DictConfig) -> Optional[str]:
+def _model_source(config: Eagle3Config, chain: ChainView) -> Optional[str]:
     """The config.json `model=auto` read the target's geometry from; None when the config spells it out."""
-    m, raw = cfg.model, config_dict(cfg.model, resolve=False)
-    if not any(CHECKPOINT_RESOLVER in str(raw[key]) for key in TARGET_KEYS):
+    if not chain.derived_from_checkpoint():
         return None
-    return str(target_config(m.path, m.revision, m.text_config_key, cfg.paths.hf_cache).file)
+    m = config.model
+    return str(target_config(m.path, m.revision, m.text_config_key, config.paths.hf_cache).file)
 
 
-def _header(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
+def _header(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, Any]:
     from hydra.core.hydra_config import HydraConfig
 
     # No Hydra context in library use and tests: no experiment to name.
     experiment = HydraConfig.get().runtime.choices.get("experiment") if HydraConfig.initialized() else None
-    m = cfg.model
-    g = config_geometry(config_dict(m, resolve=True))
-    return {"experiment": experiment, "dataset": str(cfg.dataset.name), "model": str(m.name),
-            "model_source": _model_source(cfg), "num_layers": int(m.num_layers), "vocab_size": int(m.vocab_size),
-            "hidden_size": int(m.hidden_size), "capture_layers": [int(i) for i in m.capture_layers],
+    m = config.model
+    g = config_geometry(m)
+    return {"experiment": experiment, "dataset": config.dataset.name, "model": m.name,
+            "model_source": _model_source(config, chain), "num_layers": m.num_layers, "vocab_size": m.vocab_size,
+            "hidden_size": m.hidden_size, "capture_layers": list(m.capture_layers),
             "draft_vocab_size": g.draft_vocab_size, "fc_in_features": g.fc_in_features,
-            "generate_backend": str(cfg.generate.backend), "root": str(ctx.root),
-            "data": {"scale": cfg.data.scale, "eval_size": int(cfg.data.eval_size)},
-            "sources": {n: {"track": str(s.track), "num_samples": s.num_samples, "weight": float(s.weight)}
-                        for n, s in cfg.dataset.sources.items()}}
+            "generate_backend": config.generate.backend, "root": str(root),
+            "data": {"scale": config.data.scale, "eval_size": config.data.eval_size},
+            "sources": {n: {"track": s.track, "num_samples": s.num_samples, "weight": s.weight}
+                        for n, s in config.dataset.sources.items()}}
 
 
 def _totals(planner: Planner, rows: dict[str, list[UnitPlan]]) -> dict[str, Figure]:
@@ -326,32 +327,32 @@ def _totals(planner: Planner, rows: dict[str, list[UnitPlan]]) -> dict[str, Figu
     return {k: v for k, v in totals.items() if v is not None}
 
 
-def _disk(cfg: DictConfig, planner: Planner) -> dict[str, Any]:
+def _disk(config: Eagle3Config, planner: Planner) -> dict[str, Any]:
     """The extract preflight's check for each shown format (`eagle3.extract.preflight`)."""
     from eagle3.extract.preflight import free_space
 
-    ex, store = cfg.extract, planner.store
+    ex, store = config.extract, planner.store
     free, where = free_space(store["dir"], ex.assume_free_bytes)
     checks = {}
     for fmt in store["formats"]:
         if store["complete"]:
             checks[fmt] = {"fits": True, "line": "the extract unit is complete: its samples are in the store already"}
         else:
-            checks[fmt] = figures.disk_check(store["estimates"][fmt], store["dir"], float(ex.disk_margin_gb),
+            checks[fmt] = figures.disk_check(store["estimates"][fmt], store["dir"], ex.disk_margin_gb,
                                               ex.assume_free_bytes)
-    online = str(cfg.train.hidden_states) == ONLINE
+    online = config.train.hidden_states == ONLINE
     return {"store_dir": str(store["dir"]), "free_bytes": free, "measured_at": where, "online": online,
-            "margin_gb": float(ex.disk_margin_gb), "configured": store["configured"], "checks": checks}
+            "margin_gb": ex.disk_margin_gb, "configured": store["configured"], "checks": checks}
 
 
-def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPlan]]) -> list[str]:
+def _assumptions(config: Eagle3Config, planner: Planner, rows: dict[str, list[UnitPlan]]) -> list[str]:
     """The assumptions behind the figures that are not measured, with the numbers used."""
     from eagle3.draft.geometry import config_refusals
     from eagle3.extract import formats
     from eagle3.layer_ids import ENGINES
 
-    m, gen, ex, data = cfg.model, cfg.generate, cfg.extract, cfg.data
-    n_capture, hidden = len(m.capture_layers), int(m.hidden_size)
+    m, gen, ex, data = config.model, config.generate, config.extract, config.data
+    n_capture, hidden = len(m.capture_layers), m.hidden_size
     bpt = {f: formats.bytes_per_token(f, hidden, n_capture) for f in planner.store["formats"]}
     figures = [f for stage_rows in rows.values() for r in stage_rows for f in r.figures.values()]
     lines = []
@@ -362,14 +363,14 @@ def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPla
     if unknown:
         lines.append(f"sources with num_samples null take all of the source, whose size this plan does not "
                      f"download to learn: {', '.join(unknown)} (known once prep has run)")
-    scale = "everything" if data.scale is None else f"{int(data.scale):,}"
+    scale = "everything" if data.scale is None else f"{data.scale:,}"
     if any(r.status != "complete" for r in rows.get("merge", [])):
-        lines.append(f"merge: data.scale={scale} train + data.eval_size={int(data.eval_size):,} eval samples, "
+        lines.append(f"merge: data.scale={scale} train + data.eval_size={data.eval_size:,} eval samples, "
                      "the sources contributing by weight (shares in the prep rows) and holding enough after "
                      "filters and dedupe")
     if any(r.status != "complete" for r in rows.get("generate", [])):
-        lines.append(f"generated tokens are upper bounds: generate.max_new_tokens={int(gen.max_new_tokens):,} per "
-                     f"answered user turn, at most generate.max_user_turns={int(gen.max_user_turns)} turns per "
+        lines.append(f"generated tokens are upper bounds: generate.max_new_tokens={gen.max_new_tokens:,} per "
+                     f"answered user turn, at most generate.max_user_turns={gen.max_user_turns} turns per "
                      "conversation; most prompts have one turn")
     per = ", ".join(f"{f} {b:,} B/token" for f, b in bpt.items())
     lines.append(f"store bytes = tokens x bytes/token + {formats.SAMPLE_OVERHEAD_BYTES:,} B per sample "
@@ -377,8 +378,8 @@ def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPla
                  f"{hidden:,} x ({n_capture} captured layers + the final state); samples another mix already "
                  "put in the shared, content-keyed store are not subtracted")
     lines.append(f"disk: free space of the store root's filesystem (or extract.assume_free_bytes) minus "
-                 f"extract.disk_margin_gb={float(ex.disk_margin_gb):g}; the configured format is marked *")
-    lines.append(f"train token-epochs = train.max_epochs={int(cfg.train.max_epochs)} x train tokens")
+                 f"extract.disk_margin_gb={ex.disk_margin_gb:g}; the configured format is marked *")
+    lines.append(f"train token-epochs = train.max_epochs={config.train.max_epochs} x train tokens")
     refused = config_refusals(m)
     if refused:  # validation let the config through, so some engine serves the draft
         lines.append(f"draft export: {', '.join(e for e in ENGINES if e not in refused)} only; "
@@ -386,34 +387,40 @@ def _assumptions(cfg: DictConfig, planner: Planner, rows: dict[str, list[UnitPla
                                  f"({why[0].message()})" for engine, why in refused.items()))
     lines.append("hidden states: store mode runs the target once over train + eval (extract); online mode runs it "
                  "over the train split every epoch and the eval split at each validation "
-                 f"(train.eval_every_n_epochs={int(cfg.train.eval_every_n_epochs)}), at the closing pooled eval "
+                 f"(train.eval_every_n_epochs={config.train.eval_every_n_epochs}), at the closing pooled eval "
                  "and in the eval stage. Wall times divide those tokens by tokens/s measured in earlier manifests "
                  "of the same target and draft (actual when measured by this very unit); online with no online "
                  "run measured adds the target forward and the draft step per token (no overlap)")
     return lines
 
 
-def build_plan(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
-    """The plan as plain data (exactly what plan.json holds and what both renderings show)."""
+def build_plan(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, Any]:
+    """The plan as plain data (exactly what plan.json holds and what both renderings show).
+
+    Args:
+        config: The job's config, which every figure is derived from.
+        chain: The stages' view of the same config (units, their directories).
+        root: The artifact root (shown in the header).
+    """
     from eagle3.planning.modes import hidden_state_modes
     from eagle3.stages import CHAIN
 
-    planner = Planner(cfg, ctx)
+    planner = Planner(config, chain)
     rows: dict[str, list[UnitPlan]] = {}
     stages = []
     for entry in CHAIN:
         stage = entry.load()
         rows[stage.name] = []
-        for unit in stage.units(cfg):
-            row, manifest = locate(stage, cfg, ctx, unit)
+        for unit in chain.units(stage):
+            row, manifest = locate(chain, stage, unit)
             getattr(planner, stage.name)(row, manifest)
             rows[stage.name].append(row)
         stages.append({"stage": stage.name, "help": stage.help,
                        "units": [r.to_dict() for r in rows[stage.name]]})
     if not planner.store:  # online training: no extract unit, but the store it avoids is still shown
         planner.plan_store(None)
-    return {"format": FORMAT_VERSION, "header": _header(cfg, ctx), "stages": stages,
+    return {"format": FORMAT_VERSION, "header": _header(config, chain, root), "stages": stages,
             "totals": {k: f.to_dict() for k, f in _totals(planner, rows).items()},
-            "hidden_states": hidden_state_modes(cfg, ctx, planner),
-            "disk": _disk(cfg, planner), "assumptions": _assumptions(cfg, planner, rows),
+            "hidden_states": hidden_state_modes(config, chain, planner.mix, planner.store, root),
+            "disk": _disk(config, planner), "assumptions": _assumptions(config, planner, rows),
             "basis": dict(figures.BASIS_MEANING)}

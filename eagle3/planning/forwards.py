@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from omegaconf import DictConfig
-
+from eagle3.config.schema import Eagle3Config
 from eagle3.draft.options import ONLINE, STORE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
@@ -45,24 +44,24 @@ def forward_passes(mode: str, train: Figure, evl: Figure, max_epochs: int, max_s
     return figures.derive(value, train, evl, basis="bound" if max_steps > 0 else "actual", note=note)
 
 
-def dry_run_lines(cfg: DictConfig) -> list[str]:
+def dry_run_lines(config: Eagle3Config) -> list[str]:
     """The extract dry run's online-mode lines: what skipping the store costs in target forwards."""
-    tr, data = cfg.train, cfg.data
-    tps = int(cfg.extract.assumed_tokens_per_sample)
-    n_train = 1000 if data.scale is None else int(data.scale)
+    tr, data = config.train, config.data
+    tps = config.extract.assumed_tokens_per_sample
+    n_train = 1000 if data.scale is None else data.scale
     per = " (per 1,000 train samples)" if data.scale is None else ""
     train = Figure(n_train * tps, "assumed")
-    evl = Figure(int(data.eval_size) * tps, "assumed")
-    args = (int(tr.max_epochs), int(tr.max_steps), int(tr.eval_every_n_epochs))
+    evl = Figure(data.eval_size * tps, "assumed")
+    args = (tr.max_epochs, tr.max_steps, tr.eval_every_n_epochs)
     once, online = forward_passes(STORE, train, evl, *args), forward_passes(ONLINE, train, evl, *args)
     runs = (f"{online.value:,} tokens ({online.value / once.value:.2f}x)"
             if online.value is not None and once.value is not None else
             "train tokens x the epochs train.max_steps allows")
     lines = []
-    if str(tr.hidden_states) == ONLINE:
+    if tr.hidden_states == ONLINE:
         lines.append("  train.hidden_states=online: this config stores nothing and runs no extract unit; the sizes "
                      "above are what store mode would write")
     lines.append(f"  online (train.hidden_states=online): 0 B stored; the target runs over {runs}{per}: the train "
-                 f"split every epoch (train.max_epochs={int(tr.max_epochs)}) and eval at each validation, against "
+                 f"split every epoch (train.max_epochs={tr.max_epochs}) and eval at each validation, against "
                  f"{once.value:,} tokens once for the store")
     return lines

@@ -13,17 +13,21 @@ before the 100K one - is an `estimate` and names the directory it came from.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional, cast
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
+from eagle3.config.schema import Eagle3Config
 from eagle3.draft.options import HIDDEN_STATE_MODES, ONLINE, STORE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.forwards import forward_passes
+from eagle3.planning.view import ChainView
 from eagle3.serving.engines import IN_PROCESS
+
+if TYPE_CHECKING:
+    from eagle3.stages.base import UnitStage
 
 __all__ = ["hidden_state_modes"]
 
@@ -55,8 +59,8 @@ def _own_first(manifests: list[Manifest], own: Optional[Path]) -> list[Manifest]
 class _Rates:
     """Measured throughputs of earlier runs that apply to this config's target and draft."""
 
-    def __init__(self, cfg: DictConfig, root: Path, states: dict[str, Any]):
-        self.cfg, self.states = cfg, states
+    def __init__(self, config: Eagle3Config, root: Path, states: dict[str, Any]):
+        self.config, self.states = config, states
         self.extracts = _complete_manifests(root / "extract")
         self.trains = _complete_manifests(root / "train")
 
@@ -81,8 +85,8 @@ class _Rates:
 
     def train(self, mode: str, own: Optional[Path]) -> Optional[Figure]:
         """Training tokens/s in `mode` for this draft and batch (online: also this state source)."""
-        draft = OmegaConf.to_container(self.cfg.model.draft, resolve=True)
-        batch = int(self.cfg.train.batch_tokens)
+        draft = asdict(self.config.model.draft)  # as train's fingerprint holds it
+        batch = self.config.train.batch_tokens
 
         def applies(m: Manifest) -> bool:
             return (m.extra.get("hidden_states", STORE) == mode and m.config.get("draft") == draft
@@ -107,35 +111,40 @@ def _serial_rate(a: Optional[Figure], b: Optional[Figure]) -> Optional[Figure]:
                   f"target forward ({a.value:,} tok/s) then draft step ({b.value:,} tok/s) per token, not overlapped")
 
 
-def _unit_dir(stage, cfg: DictConfig, ctx) -> Optional[Path]:
+def _unit_dir(stage: UnitStage, chain: ChainView) -> Optional[Path]:
     from eagle3.stages.base import MissingInput
 
-    units = stage.units(cfg)
+    units = chain.units(stage)
     if not units:
         return None
     try:
-        return stage.locate(cfg, ctx, units[0])[0]
+        return chain.locate(stage, units[0])[0]
     except MissingInput:
         return None
 
 
-def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
-    """Both modes' bytes, target forward passes and wall estimates for this config, as plain data."""
-    from eagle3.stages.extract import EXTRACT, states_identity
+def hidden_state_modes(config: Eagle3Config, chain: ChainView, mix: dict[str, Figure], store: dict[str, Any],
+                       root: Path) -> dict[str, Any]:
+    """Both modes' bytes, target forward passes and wall estimates for this config, as plain data.
+
+    Args:
+        mix, store: The plan's figures of the mixture and the store (`Planner.mix`, `Planner.store`).
+        root: The artifact root, whose earlier manifests measured the rates.
+    """
+    from eagle3.stages.extract import EXTRACT
     from eagle3.stages.train import TRAIN
 
-    tr, mix, store = cfg.train, planner.mix, planner.store
-    backend = str(cfg.extract.backend)
-    train_epochs = figures.token_epochs(mix["train_tokens"], int(tr.max_epochs), int(tr.max_steps))
-    args = (int(tr.max_epochs), int(tr.max_steps), int(tr.eval_every_n_epochs))
+    tr = config.train
+    backend = config.extract.backend
+    train_epochs = figures.token_epochs(mix["train_tokens"], tr.max_epochs, tr.max_steps)
+    args = (tr.max_epochs, tr.max_steps, tr.eval_every_n_epochs)
 
-    rates = _Rates(cfg, Path(ctx.root), states_identity(cfg))
+    rates = _Rates(config, root, chain.states_identity())
     # The units each mode would use (train's fingerprints differ by mode; only store mode extracts).
-    mode_cfgs = {mode: cast(DictConfig, OmegaConf.merge(cfg, {"train": {"hidden_states": mode}}))
-                 for mode in HIDDEN_STATE_MODES}
-    extract_rate = rates.extract(backend, _unit_dir(EXTRACT, mode_cfgs[STORE], ctx))
-    store_train_rate = rates.train(STORE, _unit_dir(TRAIN, mode_cfgs[STORE], ctx))
-    online_train_rate = (rates.train(ONLINE, _unit_dir(TRAIN, mode_cfgs[ONLINE], ctx))
+    modes_chain = {mode: chain.in_mode(mode) for mode in HIDDEN_STATE_MODES}
+    extract_rate = rates.extract(backend, _unit_dir(EXTRACT, modes_chain[STORE]))
+    store_train_rate = rates.train(STORE, _unit_dir(TRAIN, modes_chain[STORE]))
+    online_train_rate = (rates.train(ONLINE, _unit_dir(TRAIN, modes_chain[ONLINE]))
                          or _serial_rate(extract_rate, store_train_rate))
 
     configured_fmt = store["configured"]
@@ -166,6 +175,6 @@ def hidden_state_modes(cfg: DictConfig, ctx, planner) -> dict[str, Any]:
     s_tok, o_tok = forward_tokens[STORE], forward_tokens[ONLINE]
     if o_tok.value is not None and s_tok.value:
         ratio = round(o_tok.value / s_tok.value, 2)
-    return {"configured": str(tr.hidden_states), "backend": backend, "storage_format": configured_fmt,
+    return {"configured": tr.hidden_states, "backend": backend, "storage_format": configured_fmt,
             "modes": modes, "online_forward_ratio": ratio}
 

@@ -188,7 +188,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     files = bench_report.write_bench_report(report, out.dir)
     copy_files(files, ctx.run_dir)
     flat = bench_report.metrics(report)
-    log_report(job_loggers(cfg, ctx.run_dir), flat, images={"bench/throughput": files["png"]},
+    log_report(job_loggers(ctx.config, ctx.run_dir), flat, images={"bench/throughput": files["png"]},
                summary={k.replace("/", "_"): v for k, v in flat.items()})
     if report["status"] != "ok":
         raise BenchmarkFailed(failure_message(report, ctx.run_dir / bench_report.REPORT_FILES["md"]))

@@ -21,7 +21,6 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput
-from eagle3.config_dict import config_dict
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import eval as eval_report
@@ -65,29 +64,30 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     inputs = _unit_inputs(cfg, ctx, unit)
     trained, merged_dir = inputs["train"], inputs["merged"].directory
     states = {"merged": inputs["merged"]} if online(cfg) else {"extract": inputs["extract"]}
-    m, ev = cfg.model, cfg.eval
+    config = ctx.config
+    m, ev = config.model, config.eval
     geometry, draft, head = load_eval_draft(trained.directory / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
-                                            revision=m.revision, cache_dir=cfg.paths.hf_cache,
+                                            revision=m.revision, cache_dir=config.paths.hf_cache,
                                             text_config_key=m.text_config_key)
     with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
         make_source = stack.enter_context(online_states(cfg, ctx.run_dir)) if online(cfg) else None
         eval_set = split_dataset(states, "eval", make_source)
-        simulated = simulated_acceptance(geometry, draft, head, config_dict(cfg.train, resolve=True),
-                                         eval_set, ev.ks, batch_tokens=int(cfg.train.batch_tokens))
+        simulated = simulated_acceptance(geometry, draft, head, config.train, eval_set, ev.ks,
+                                         batch_tokens=config.train.batch_tokens)
         if make_source is not None:
             eval_set.close_source()
     report: dict[str, Any] = {"dataset": unit, "draft": str(trained.directory / EXPORT_DIR), "simulated": simulated}
     log.info("eval: simulated accept length %.3f over %d eval samples (acc per step %s)",
              simulated["sim_accept_len"], simulated["samples"], ", ".join(f"{a:.3f}" for a in simulated["acc"]))
 
-    prompts = heldout_prompts(merged_dir / EVAL_FILE, int(ev.num_prompts))
+    prompts = heldout_prompts(merged_dir / EVAL_FILE, ev.num_prompts)
     out.count_in(len(prompts))
     out.count_out(len(prompts))
     if prompts:
         report["real"] = real_acceptance(
-            m.path, draft, [p["input_ids"] for p in prompts], ks=ev.ks, max_new_tokens=int(ev.max_new_tokens),
-            capture_layers=m.capture_layers, check_lossless=bool(ev.check_lossless), revision=m.revision,
-            trust_remote_code=bool(m.trust_remote_code), cache_dir=cfg.paths.hf_cache)
+            m.path, draft, [p["input_ids"] for p in prompts], ks=ev.ks, max_new_tokens=ev.max_new_tokens,
+            capture_layers=m.capture_layers, check_lossless=ev.check_lossless, revision=m.revision,
+            trust_remote_code=m.trust_remote_code, cache_dir=config.paths.hf_cache)
         report["prompt_ids"] = [p["id"] for p in prompts]
         for k, res in report["real"].items():
             log.info("eval: K=%s real accept length %.3f tokens per target forward, speedup %.2fx, lossless %s",
@@ -95,7 +95,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     files = eval_report.write_eval_report(report, out.dir)
     copy_files(files, ctx.run_dir)
     flat = eval_report.metrics(report)
-    log_report(job_loggers(cfg, ctx.run_dir), flat, images={"eval/acceptance": files["png"]},
+    log_report(job_loggers(config, ctx.run_dir), flat, images={"eval/acceptance": files["png"]},
                summary={k.replace("/", "_"): v for k, v in flat.items()})
     summary = {"sim_accept_len": simulated["sim_accept_len"]}
     for k, res in report.get("real", {}).items():

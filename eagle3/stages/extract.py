@@ -101,6 +101,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
 
 def dry_run(cfg: DictConfig) -> str:
     """The plan's disk estimate (printed by `extract.dry_run=true`)."""
+    from eagle3.config.typed import to_settings
     from eagle3.planning.forwards import dry_run_lines
 
     ex = cfg.extract
@@ -109,7 +110,7 @@ def dry_run(cfg: DictConfig) -> str:
                        eval_size=int(cfg.data.eval_size), tokens_per_sample=int(ex.assumed_tokens_per_sample),
                        store_dir=store_dir(cfg), margin_gb=float(ex.disk_margin_gb),
                        assume_free_bytes=ex.assume_free_bytes, num_shards=int(ex.num_shards)),
-                      *dry_run_lines(cfg)])
+                      *dry_run_lines(to_settings(cfg))])
 
 
 class ExtractStage(UnitStage):

@@ -15,24 +15,77 @@ Prints the plan and writes `plan.json` and `plan.md` to the run directory; retur
 from __future__ import annotations
 
 import sys
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Optional, cast
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from eagle3.artifacts import atomic_write_json, atomic_write_text
-from eagle3.stages.base import StageContext, StandaloneStage
+from eagle3.artifacts import Manifest, atomic_write_json, atomic_write_text
+from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
+from eagle3.config_dict import config_dict
+from eagle3.stages.base import StageContext, StandaloneStage, UnitStage
 
 PLAN_JSON = "plan.json"
 PLAN_MD = "plan.md"
 
 
+@dataclass(frozen=True)
+class ConfigChain:
+    """`eagle3.planning.chain.ChainView` over the composed config: the plan finds each unit where
+    the stage itself would put it, since the directory is fingerprinted from this config's slices."""
+
+    cfg: DictConfig
+    ctx: StageContext
+
+    def units(self, stage: UnitStage) -> list[str]:
+        return stage.units(self.cfg)
+
+    def unit_inputs(self, stage: UnitStage, unit: str) -> dict[str, Manifest]:
+        return stage.unit_inputs(self.cfg, self.ctx, unit)
+
+    def locate(self, stage: UnitStage, unit: str) -> tuple[Path, Optional[Manifest]]:
+        return stage.locate(self.cfg, self.ctx, unit)
+
+    def copyable_conversations(self, unit: str) -> int:
+        from eagle3.stages.generate import copyable_conversations
+
+        return copyable_conversations(self.cfg, self.ctx, unit)
+
+    def store_dir(self) -> Path:
+        from eagle3.stages.extract import store_dir
+
+        return store_dir(self.cfg)
+
+    def states_identity(self) -> dict[str, Any]:
+        from eagle3.stages.extract import states_identity
+
+        return states_identity(self.cfg)
+
+    def derived_from_checkpoint(self) -> bool:
+        raw = config_dict(self.cfg.model, resolve=False)
+        return any(CHECKPOINT_RESOLVER in str(raw[key]) for key in TARGET_KEYS)
+
+    def in_mode(self, hidden_states: str) -> ConfigChain:
+        merged = cast(DictConfig, OmegaConf.merge(self.cfg, {"train": {"hidden_states": hidden_states}}))
+        # The stages locate units from `cfg` alone; settings of the other mode would be stale.
+        return ConfigChain(merged, replace(self.ctx, settings=None))
+
+
+def plan_data(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
+    """The plan of this config as plain data (`eagle3.planning.chain.build_plan`)."""
+    from eagle3.planning.chain import build_plan
+
+    ctx = ctx.with_settings(cfg)
+    return build_plan(ctx.config, ConfigChain(cfg, ctx), ctx.root)
+
+
 def plan(cfg: DictConfig, ctx: StageContext, out=None) -> dict[str, Any]:
     """Print the plan, write plan.json and plan.md to the run directory; returns the plan data."""
-    from eagle3.planning.chain import build_plan
     from eagle3.reports.plan import render_markdown, render_text
 
     out = out or sys.stdout
-    data = build_plan(cfg, ctx)
+    data = plan_data(cfg, ctx)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     data["files"] = {"json": str(ctx.run_dir / PLAN_JSON), "markdown": str(ctx.run_dir / PLAN_MD)}
     atomic_write_json(ctx.run_dir / PLAN_JSON, data)

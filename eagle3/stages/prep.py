@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.config.schema import DatasetSourceConfig
 from eagle3.config_dict import config_dict
 from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
@@ -77,35 +79,36 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {}
 
 
-def _pinned_source(out: StageOutput, unit: str, src: dict[str, Any]) -> dict[str, Any]:
+def _pinned_source(out: StageOutput, unit: str, src: DatasetSourceConfig) -> DatasetSourceConfig:
     """The source with the hub commit this unit reads, the same in its first run and every resume.
 
     Without it a prep killed before an upstream update and resumed after would mix two versions
     of the dataset in one output. A pinned `revision` is used as it is.
     """
-    if not src.get("hub_id") or src.get("revision"):
+    if not src.hub_id or src.revision:
         return src
     pin = out.dir / HUB_REVISION_FILE
     if pin.is_file():
         commit = json.loads(pin.read_text(encoding="utf-8"))["commit"]
     else:
-        commit = latest_dataset_commit(src["hub_id"])
+        commit = latest_dataset_commit(src.hub_id)
         if commit is None:
             log.warning("[prep] %s: dataset.sources.%s.revision is not set and the hub's latest commit of %s cannot "
                         "be resolved (offline?): reading whatever `datasets` finds; pin a commit to be sure",
-                        unit, unit, src["hub_id"])
+                        unit, unit, src.hub_id)
             return src
-        atomic_write_json(out.path(HUB_REVISION_FILE), {"hub_id": src["hub_id"], "commit": commit})
+        atomic_write_json(out.path(HUB_REVISION_FILE), {"hub_id": src.hub_id, "commit": commit})
     log.info("[prep] %s: reading %s at commit %s (dataset.sources.%s.revision is not set: pin it to make "
-             "an upstream update change the fingerprint)", unit, src["hub_id"], commit, unit)
-    return {**src, "revision": commit}
+             "an upstream update change the fingerprint)", unit, src.hub_id, commit, unit)
+    return replace(src, revision=commit)
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     generator_file = Path(out.inputs["raw"]["path"]) / DATA_FILE if "raw" in out.inputs else None
-    src = _pinned_source(out, unit, _source(cfg, unit))
-    return prepare_source(out, unit, src, config_dict(cfg.prep, resolve=True),
-                          generator_file, cfg.paths.hf_cache, int(cfg.data.seed), CONVERSATIONS_FILE)
+    config = ctx.config
+    src = _pinned_source(out, unit, config.dataset.sources[unit])
+    return prepare_source(out, unit, src, config.prep, generator_file, config.paths.hf_cache, config.data.seed,
+                          CONVERSATIONS_FILE)
 
 
 PREP = UnitStage(

@@ -32,8 +32,9 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     from eagle3.tracking import job_loggers
 
     out = out or sys.stdout
-    sweep = resolve_sweep_dir(cfg.report.sweep_dir, cfg.paths.root)
-    result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=cfg.report.x)
+    config = ctx.config
+    sweep = resolve_sweep_dir(config.report.sweep_dir, config.paths.root)
+    result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=config.report.x)
     header, body = table(result)
     print("| " + " | ".join(header) + " |", file=out)
     for row in body:
@@ -41,7 +42,7 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     left_out = result["excluded_from_plots"]
     print(f"report: {len(result['jobs'])} jobs of {sweep}" + (f", {len(left_out)} not plotted" if left_out else "")
           + f"; {files['md']} (copy in {ctx.run_dir})", file=out, flush=True)
-    loggers = job_loggers(cfg, ctx.run_dir, group=Path(result["sweep_dir"]).name)  # W&B: the sweep's group
+    loggers = job_loggers(config, ctx.run_dir, group=Path(result["sweep_dir"]).name)  # W&B: the sweep's group
     for i, row in enumerate(result["jobs"]):
         log_report(loggers, job_metrics(row), step=row["job_num"] if row["job_num"] is not None else i)
     log_report(loggers, images={f"report/{kind}": files[kind] for kind in PLOT_FILES},

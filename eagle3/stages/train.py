@@ -84,31 +84,29 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
 
 
 def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
-    from eagle3.tracking import job_loggers
-
     vocab_dir = _unit_inputs(cfg, ctx, unit)["vocab"].directory
-    return fit_draft(cfg, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE), unit_dir,
-                     job_loggers(cfg, ctx.run_dir))
+    return fit_draft(ctx.config, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE),
+                     unit_dir, ctx.run_dir)
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     from eagle3.draft.pooled_eval import evaluate_pooled
     from eagle3.tracking import job_loggers
 
-    t = cfg.train
+    t = ctx.config.train
     with _datasets(cfg, ctx, unit, out.dir) as sets:
         fit = _fit(cfg, ctx, unit, out.dir, sets)
         module, train_set, eval_set, wall = fit.module, fit.train_set, fit.eval_set, fit.wall_s
         module.to("cpu").eval()
-        pooled = evaluate_pooled(module, eval_set, batch_tokens=int(t.batch_tokens)) if len(eval_set) else None
+        pooled = evaluate_pooled(module, eval_set, batch_tokens=t.batch_tokens) if len(eval_set) else None
     done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)
     # Online: what computing the states cost rank 0 during the fit (train shard, validations).
-    states = {"hidden_states": str(t.hidden_states),
+    states = {"hidden_states": t.hidden_states,
               **({"states_source": done.get("states_source", [])} if online(cfg) else {})}
     out.count_in(len(train_set))
     out.count_out(len(train_set))
 
-    exports = export_engines(module, out.dir / EXPORT_DIR, str(t.export_dtype),
+    exports = export_engines(module, out.dir / EXPORT_DIR, t.export_dtype,
                              {"dataset": unit, "global_step": done["global_step"]})
     metrics = {
         "global_step": done["global_step"],
@@ -134,7 +132,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
         final = {"eval/sim_accept_len": pooled["sim_accept_len"]}
         final.update({f"eval/acc_{k}": a for k, a in enumerate(pooled["acc"])})
         final.update({f"eval/loss_{k}": x for k, x in enumerate(pooled["step_kl"])})
-        log_report(job_loggers(cfg, ctx.run_dir), final, step=done["global_step"], summary=final)
+        log_report(job_loggers(ctx.config, ctx.run_dir), final, step=done["global_step"], summary=final)
         log.info("train: eval simulated accept length %.3f (acc per step %s)", pooled["sim_accept_len"],
                  ", ".join(f"{a:.3f}" for a in pooled["acc"]))
     return {**metrics, "exports": exports, "files": {"metrics": METRICS_FILE}}
@@ -157,6 +155,7 @@ class TrainStage(UnitStage):
         rank = int(rank_zero_only.rank)  # type: ignore[attr-defined]
         if rank == 0:
             return super().__call__(cfg, ctx)
+        ctx = ctx.with_settings(cfg)  # the worker ranks fit without UnitStage.__call__, which fills it
         for unit in self.units(cfg):
             where, manifest = self.locate(cfg, ctx, unit)
             if manifest is None:

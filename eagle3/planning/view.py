@@ -1,0 +1,55 @@
+"""The stages' side of a plan: what only the composed Hydra config answers.
+
+A unit's directory is fingerprinted from plain slices of the composed config, so the plan asks the
+stages themselves where each unit is (`eagle3.stages.plan.ConfigChain` implements this over that
+config) and derives every figure from the typed config (`Eagle3Config`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+from eagle3.artifacts import Manifest
+
+if TYPE_CHECKING:  # the stages implement this view; the plan never imports them for it
+    from eagle3.stages.base import UnitStage
+
+__all__ = ["ChainView"]
+
+
+class ChainView(Protocol):
+    """The stages' answers for one config: units, their directories, the hidden-state store."""
+
+    def units(self, stage: UnitStage) -> list[str]:
+        """The units `stage` runs for this config."""
+        ...
+
+    def unit_inputs(self, stage: UnitStage, unit: str) -> dict[str, Manifest]:
+        """A unit's complete inputs (`UnitStage.unit_inputs`; raises MissingInput)."""
+        ...
+
+    def locate(self, stage: UnitStage, unit: str) -> tuple[Path, Optional[Manifest]]:
+        """A unit's directory and its manifest if complete (`UnitStage.locate`; raises MissingInput)."""
+        ...
+
+    def copyable_conversations(self, unit: str) -> int:
+        """Conversations of a generate unit that earlier outputs already ran under this config."""
+        ...
+
+    def store_dir(self) -> Path:
+        """The hidden-state store this config's extraction fills."""
+        ...
+
+    def states_identity(self) -> dict[str, Any]:
+        """What the hidden states are a function of (online training fingerprints it)."""
+        ...
+
+    def derived_from_checkpoint(self) -> bool:
+        """Whether `model=auto` read the target's geometry from its checkpoint (the typed config
+        holds only the values, not where they came from)."""
+        ...
+
+    def in_mode(self, hidden_states: str) -> ChainView:
+        """The same chain with `train.hidden_states` set to `hidden_states` (the modes fingerprint apart)."""
+        ...
