@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.errors import Eagle3Error
+
 __all__ = ["FULL_HASH_LIMIT", "HF_CONFIG_KEYS", "TargetConfig", "TargetConfigError", "read_config", "resolve_dir",
            "target_config", "target_identity", "target_name", "tokenizer_identity"]
 
@@ -90,8 +92,9 @@ def read_config(path: str | Path, text_config_key: Optional[str] = None) -> Opti
     return merged
 
 
-class TargetConfigError(ValueError):
-    """Why a target's config.json cannot be read, in one line that names the path."""
+class TargetConfigError(Eagle3Error, ValueError):
+    """Why a target's config.json cannot be read, in one line that names the path (a ValueError too:
+    the config rules catch it as a bad `model.path`)."""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.artifacts.atomic import fsync_dir, temp_path_for
+from eagle3.errors import Eagle3Error
 
 __all__ = ["PARTIAL_SUFFIX", "JsonlError", "RecordWriter", "RejectWriter", "read_jsonl", "unencodable_text"]
 
@@ -33,7 +34,7 @@ PARTIAL_SUFFIX = ".partial"
 _REASON = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 
-class JsonlError(ValueError):
+class JsonlError(Eagle3Error, ValueError):
     """A JSONL file has a line that is not a JSON object; the message names ``file:line``."""
 
 

@@ -32,6 +32,7 @@ from eagle3.config.schema import DatasetConfig, DatasetSourceConfig
 from eagle3.data.adapters import ADAPTERS, Adapter
 from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, UnreadableDataFile, file_kind, head_records
+from eagle3.errors import Eagle3Error
 
 log = logging.getLogger("eagle3")
 
@@ -42,7 +43,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _NAME_MAX = 100
 
 
-class SchemaError(ValueError):
+class SchemaError(Eagle3Error, ValueError):
     """A file's schema cannot be told, or it lacks the columns of the schema it was given.
 
     Attributes:

@@ -30,7 +30,8 @@ def _check_dataset(dataset: DatasetConfig, err: ConfigErrors) -> None:
         files_sources(dataset, err)
         if len(err.lines) == before:
             err.add("dataset.files", dataset.files, "never turned into sources (a config composed without "
-                    "eagle3.data.detect.expand_dataset_files)", "call expand_dataset_files(cfg) after composing")
+                    "eagle3.stages.dataset_files.expand_dataset_files)",
+                    "call expand_dataset_files(cfg) after composing")
     elif not dataset.sources and dataset.files is not None:
         err.add("dataset.files", [], "names no file", "dataset.files=[a.jsonl,b.parquet] (local "
                 + ", ".join(SUPPORTED_SUFFIXES) + " files)")

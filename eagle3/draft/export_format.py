@@ -51,6 +51,7 @@ import torch
 from eagle3.draft.geometry import DraftGeometry, geometry_refusals
 from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.dtypes import DTYPES, torch_dtype
+from eagle3.errors import Eagle3Error
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -70,7 +71,7 @@ INDEX_DTYPES = {"d2t": "I64", "t2d": "BOOL"}
 StateDict = Mapping[str, torch.Tensor]
 
 
-class ExportError(ValueError):
+class ExportError(Eagle3Error, ValueError):
     """A draft export that an engine would refuse or, worse, serve wrongly; one line."""
 
     def __init__(self, message: str) -> None:

@@ -27,8 +27,8 @@ from eagle3.errors import Eagle3Error
 from eagle3.extract.store import HiddenStateStore, content_key
 
 
-class AlignmentError(ValueError):
-    """Stored states do not belong to the record they are fetched for."""
+class AlignmentError(Eagle3Error, ValueError):
+    """Stored states do not belong to the record they are fetched for (rerun extract for this mixture)."""
 
 
 class StatesNotStored(Eagle3Error):
