@@ -192,7 +192,7 @@ def connect_cfg(tmp_path, spec_url, base_url, *extra):
 def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=2.5) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
         warm = base.requests[0]
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 12 for r in base.requests + spec.requests)
@@ -219,7 +219,7 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
 def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=1.0) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED"
     assert "accept length 1.000 under speculation" in report["failure"]
@@ -229,7 +229,9 @@ def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     assert "**FAILED**" in md and "| FAILED |" in md and "Speedup" not in md
     # A server without speculative counters at all is not a benchmark either.
     with FakeVLLM() as base, FakeVLLM() as spec:
-        report = benchmark(connect_cfg(tmp_path, spec.url, base.url), ctx, "demo", PROMPTS, None)
+        cfg = connect_cfg(tmp_path, spec.url, base.url)
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+        report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED" and report["failure"].startswith("no speculative counters")
 
 

@@ -12,6 +12,7 @@ those of a ruled setting, `RULED_FLAGS`, are checked like the typed key).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +20,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import ModelConfig
+from eagle3.config.server_schema import ServerConfig
 from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.serving.engines import (
@@ -121,10 +124,19 @@ def extra_arg_flags(extra_args: Any) -> dict[str, tuple[str, Optional[str]]]:
     return flags
 
 
-def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tuple[str, str, Any, Any]]:
+def field_values(node: Any) -> dict[str, Any]:
+    """A server node's `kernels` by name: the schema dataclass the launcher passes, or the DictConfig
+    config validation still passes (until the rules take `Eagle3Config`)."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
+    return dict(node.items())
+
+
+def _ruled_settings(server: ServerConfig, key: str, err: ConfigErrors) -> list[tuple[str, str, Any, Any]]:
     """`(typed key, config key to name, value as shown, value)` of each setting a rule checks: the typed
     keys, then the flags in `extra_args` that set the same thing (which the launcher lets win)."""
-    settings = [(f"{KERNELS}{name}", f"{key}.kernels.{name}", value, value) for name, value in server.kernels.items()]
+    kernels = field_values(server.kernels)
+    settings = [(f"{KERNELS}{name}", f"{key}.kernels.{name}", value, value) for name, value in kernels.items()]
     settings.append((MEM_FRACTION, f"{key}.{MEM_FRACTION}", server.mem_fraction_static, server.mem_fraction_static))
     given = extra_arg_flags(server.extra_args)
     for typed, flag in RULED_FLAGS.get(server.backend, {}).items():
@@ -145,7 +157,7 @@ def _ruled_settings(server: DictConfig, key: str, err: ConfigErrors) -> list[tup
 _FROM_CONFIG = object()
 
 
-def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
+def server_errors(server: ServerConfig, model: ModelConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
     """The server rules alone, one line each; the launcher runs them again before a launch.
 
     Args:
@@ -157,7 +169,7 @@ def server_errors(server: DictConfig, model: DictConfig, draft_path: Any = _FROM
     return err.lines
 
 
-def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
+def check_server(server: ServerConfig, model: ModelConfig, err: ConfigErrors,
                  draft_path: Any = _FROM_CONFIG, key: str = "server") -> None:
     """Every rule of a server node into `err` (`draft_path`: as in `server_errors`).
 
@@ -220,7 +232,7 @@ def check_server(server: DictConfig, model: DictConfig, err: ConfigErrors,
                     ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or {key}.backend={VLLM})")
         err.positive(f"{key}.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
     if server.backend == VLLM:
-        for field_name, value in server.kernels.items():
+        for field_name, value in field_values(server.kernels).items():
             if value is not None:
                 err.add(f"{key}.kernels.{field_name}", value,
                         "an SGLang kernel flag; the vLLM launcher would ignore it",
