@@ -275,3 +275,36 @@ def test_stage_writes_reports_and_fails_the_job_on_an_unused_draft(tmp_path, mon
     failed = json.loads((ctx.run_dir / "bench_report.json").read_text())
     assert failed["status"] == "FAILED" and logged[-1] == {"bench/failed": 1.0, "bench/baseline_tok_s": pytest.approx(
         failed["baseline_tokens_per_s"]), "bench/spec_tok_s": pytest.approx(failed["speculative_tokens_per_s"])}
+
+
+def test_the_launched_baseline_is_the_benchmarked_server_with_speculation_off(tmp_path, monkeypatch):
+    """Launch mode: the baseline is `server` with speculation off (`launch_config(..., speculative=False)`),
+    launched from a copy: the caller's config still speculates."""
+    from eagle3.serving import process
+    from eagle3.serving.benchmark import BASELINE
+
+    started = []
+
+    class Launched:  # stands in for ServerProcess: records what would run
+        def __init__(self, command, log_path, startup_timeout_s, records_dir):
+            started.append((command, log_path, startup_timeout_s, records_dir))
+            self.url = command.url
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(process, "ServerProcess", Launched)
+    cfg = compose_config(["stage=bench", "server=sglang", "server.port=31555", "server.startup_timeout_s=42",
+                          f"paths.root={tmp_path / 'root'}"])
+    ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+    with bench_mod._server(cfg, ctx, BASELINE, None) as info:
+        assert info["launched"] and info["url"] == "http://127.0.0.1:31555"
+    [(command, log_path, timeout, records)] = started
+    assert command.backend == "sglang" and command.draft is None
+    assert not any(a.startswith("--speculative") for a in command.argv)
+    assert log_path == tmp_path / "run" / "bench-baseline-sglang.log" and timeout == 42.0
+    assert records == (tmp_path / "root").resolve() / ".servers"
+    assert ctx.config.server.speculative.algorithm == cfg.server.speculative.algorithm == "EAGLE3"

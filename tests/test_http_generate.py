@@ -15,6 +15,7 @@ random port that answers like vLLM/SGLang with their reasoning and tool-call par
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -191,7 +192,8 @@ def test_retries_through_drops_5xx_429_and_stalls_and_reports_what_still_fails()
 
 def _key(server: MockChatServer, request: GenerationRequest) -> str:
     """The mock server's key of a request as the client sends it (default settings)."""
-    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=GenerateHTTPConfig().thinking_keys))
+    keys = GenerateHTTPConfig().thinking_keys
+    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=keys))
 
 
 def test_partitions_cap_concurrency_by_prompt_length():
@@ -398,6 +400,35 @@ def test_c_several_endpoints_one_dead_share_the_load_and_match_one_endpoint(tmp_
     endpoints = multi.extra["this_run"]["client"]["endpoints"]
     assert endpoints["http://127.0.0.1:9"]["alive_at_start"] is False
     assert endpoints["http://127.0.0.1:9"]["ok"] == 0 and not multi.counts["rejected"]
+
+
+def test_c2_a_launched_server_hands_its_urls_to_the_units_as_a_connected_one_does(tmp_path, monkeypatch):
+    """Without generate.server.urls the stage launches `generate.server` (speculation off: no draft_path)
+    and runs its units against it: the same unit, byte for byte, as a run connecting to that server."""
+    from eagle3.serving import process
+
+    launched = []
+
+    @contextlib.contextmanager
+    def endpoints(cfg, run_dir, *args, **kwargs):  # stands in for the launch: the URLs of the mock server
+        launched.append(cfg)
+        yield [server.url]
+
+    monkeypatch.setattr(process, "server_endpoints", endpoints)
+    shared = ("generate.backend=vllm", "server@generate.server=vllm", "generate.server.port=31234", *FAST)
+    with MockChatServer(latency_s=0.01, tool_every=7) as server:
+        cfg, ctx = _prepare(tmp_path / "launched", *shared)
+        [manifest] = GENERATE(cfg, ctx)
+        connected_cfg, connected_ctx = _prepare(tmp_path / "connected", *shared, _urls(server.url))
+        [connected] = GENERATE(connected_cfg, connected_ctx)
+    [launch] = launched  # the connecting run launched nothing
+    assert (launch.server.backend, launch.server.port) == ("vllm", 31234)
+    assert launch.server.speculative.algorithm is None and launch.generate.server.speculative.algorithm == "EAGLE3"
+    assert not cfg.generate.server.urls  # the caller's config is untouched
+    assert manifest.extra["backend"]["urls"] == [server.url]
+    _check_complete_and_exact(manifest, _prep_ids(cfg, ctx))
+    assert manifest.dir.name == connected.dir.name  # the URLs are not part of the fingerprint
+    assert (manifest.dir / CONVERSATIONS_FILE).read_bytes() == (connected.dir / CONVERSATIONS_FILE).read_bytes()
 
 
 def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run(tmp_path):

@@ -191,6 +191,13 @@ def test_generate_launches_its_own_server_node_not_the_serving_one():
     assert cmd.backend == "sglang" and cmd.port == 31000 and cmd.argv[cmd.argv.index("--attention-backend") + 1] == "triton"
     assert not any(a.startswith("--speculative") for a in cmd.argv)
     assert settings.server.backend == "vllm"  # the caller's config is untouched
+    # speculative=False (bench's baseline, the extraction server): the node with speculation off, in a copy.
+    assert settings.server.speculative.algorithm == "EAGLE3"
+    baseline = launch_config(settings, "server", speculative=False)
+    assert baseline.server.speculative.algorithm is None and settings.server.speculative.algorithm == "EAGLE3"
+    assert baseline.server is not settings.server and baseline.model is settings.model
+    with pytest.raises(TypeError, match="generate.http is not a server node"):
+        launch_config(settings, "generate.http")
 
 
 def test_user_env_wins_and_extra_args_come_last(drafts, tmp_path):

@@ -118,8 +118,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         m = to_settings(compose(config_name="config", overrides=args.overrides)).model
-    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code), revision=m.revision)
-    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
+    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code, revision=m.revision)
+    check_geometry(parts, m.num_layers, m.hidden_size)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:
         tmp = Path(tmp_name)
         merged = args.merged

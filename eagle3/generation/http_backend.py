@@ -46,8 +46,9 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
+from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.http_settings import ROUND_ROBIN, partition_name, sorted_partitions
 from eagle3.generation.openai_chat import (
     BadResponse,
@@ -77,9 +78,6 @@ from eagle3.serving.http import (
     retry_after_seconds,
     served_model,
 )
-
-if TYPE_CHECKING:
-    from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig, GeneratePartitionConfig
 
 __all__ = ["HTTPBackend"]
 
@@ -134,17 +132,14 @@ class HTTPBackend:
             urls: Base URLs of the endpoints.
             http: Partitions, retry policy and request knobs (`generate.http`).
             backend: `generate.backend` (vllm | sglang), for messages and the manifest.
-            fallback_model: The model name sent when the server cannot say (no /v1/models): model.path
-                (`from_config`); the defaults are for scripts and tests that compose no config.
-            token_counter: Prompt-token estimate used to pick a partition; default characters /
-                `http.chars_per_token` (pass a tokenizer-based count if one is at hand).
+            fallback_model: The model name sent when the server cannot say (no /v1/models): `model.path`.
+            token_counter: Prompt-token estimate that picks the partition (a tokenizer-based count, say);
+                default characters / `http.chars_per_token`.
         """
         self.urls = tuple(str(u) for u in urls)
         if not self.urls:
             raise BackendUnavailable(f"generate.backend={backend}: no endpoint URLs")
-        self.http = http
-        self.name = backend
-        self.fallback_model = fallback_model
+        self.http, self.name, self.fallback_model = http, backend, fallback_model
         self._count_tokens = token_counter or (lambda r: estimate_prompt_tokens(r, http.chars_per_token))
         self._partitions = sorted_partitions(http.partitions)
         self._endpoints = [_Endpoint(u) for u in self.urls]
@@ -282,8 +277,7 @@ class HTTPBackend:
                 task.cancel()
             self._tasks.difference_update(tasks)
 
-    def _partition_for(self, tokens: int) -> Optional[int]:
-        """The index of the first partition a prompt of `tokens` fits, or None."""
+    def _partition_for(self, tokens: int) -> Optional[int]:  # the index of the first one it fits
         for i, part in enumerate(self._partitions):
             if part.max_context is None or tokens <= part.max_context:
                 return i
@@ -363,8 +357,7 @@ class HTTPBackend:
             self._stop(BackendUnavailable(
                 f"generate.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
                 f"{settings.max_attempts} attempts each (last: {failure.kind}: {' '.join(failure.detail.split())}); "
-                f"the endpoints "
-                f"{', '.join(self.urls)} look down. Stopping; a rerun resumes where this one stopped "
+                f"the endpoints {', '.join(self.urls)} look down. Stopping; a rerun resumes where this one stopped "
                 "(generate.http.max_consecutive_failures)"))
         return GenerationResult(id=request.id, error=ERROR_REQUEST_FAILED, prompt_tokens=tokens,
                                 error_detail=f"{failure.kind}: {failure.detail} (attempt {attempt} of "

@@ -245,7 +245,7 @@ def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> Serve
     """`python -m sglang.launch_server ...` for `cfg` (see the module docstring).
 
     Args:
-        cfg: The composed config (`server`, `model`, `paths`).
+        cfg: The config (`server`, `model`, `paths`); `launch_config` puts another server node in `server`.
         draft: The draft export to serve; None = `server.speculative.draft_path`.
 
     Raises:
