@@ -405,7 +405,8 @@ def launch_config(cfg: Eagle3Config, node: str, *, speculative: bool = True) -> 
 
     The launcher reads `server`; the stages that launch a server of their own (generate, extract)
     hand it this, so `server`, the engine that serves the draft, is never theirs. `speculative=False`
-    launches that node with `speculative.algorithm` off (a baseline, an extraction server).
+    launches that node with `speculative.algorithm` off (bench's baseline, an extraction server).
+    `cfg` is not changed; the other nodes are shared with it, not copied (the launcher only reads them).
     """
     found: Any = cfg
     for part in node.split("."):
