@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.http_backend import HTTPBackend
-from eagle3.generation.http_settings import HTTPSettings, Partition
 from eagle3.generation.types import GenerationRequest, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent  # the mock server is tests/mock_openai_server.py
@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> None:
 
     procs, urls = start_servers(args.servers)
     try:
-        settings = dataclasses.replace(HTTPSettings.defaults(urls), partitions=(Partition(None, args.concurrency),),
-                                       request_timeout_s=60.0, connect_wait_s=30.0)
-        backend = HTTPBackend(settings)
+        http = dataclasses.replace(GenerateHTTPConfig(), partitions=[GeneratePartitionConfig(None, args.concurrency)],
+                                   request_timeout_s=60.0, connect_wait_s=30.0)
+        backend = HTTPBackend(urls, http)
         text = ("How do I read a file line by line in Python? " * (args.prompt_chars // 45 + 1))[: args.prompt_chars]
         params = SamplingParams(max_new_tokens=256, temperature=0.6, top_p=0.95, seed=0)
 

@@ -192,7 +192,7 @@ def connect_cfg(tmp_path, spec_url, base_url, *extra):
 def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=2.5) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
         warm = base.requests[0]
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 12 for r in base.requests + spec.requests)
@@ -219,7 +219,7 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
 def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=1.0) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED"
     assert "accept length 1.000 under speculation" in report["failure"]
@@ -229,7 +229,9 @@ def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     assert "**FAILED**" in md and "| FAILED |" in md and "Speedup" not in md
     # A server without speculative counters at all is not a benchmark either.
     with FakeVLLM() as base, FakeVLLM() as spec:
-        report = benchmark(connect_cfg(tmp_path, spec.url, base.url), ctx, "demo", PROMPTS, None)
+        cfg = connect_cfg(tmp_path, spec.url, base.url)
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+        report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED" and report["failure"].startswith("no speculative counters")
 
 
@@ -273,3 +275,36 @@ def test_stage_writes_reports_and_fails_the_job_on_an_unused_draft(tmp_path, mon
     failed = json.loads((ctx.run_dir / "bench_report.json").read_text())
     assert failed["status"] == "FAILED" and logged[-1] == {"bench/failed": 1.0, "bench/baseline_tok_s": pytest.approx(
         failed["baseline_tokens_per_s"]), "bench/spec_tok_s": pytest.approx(failed["speculative_tokens_per_s"])}
+
+
+def test_the_launched_baseline_is_the_benchmarked_server_with_speculation_off(tmp_path, monkeypatch):
+    """Launch mode: the baseline is `server` with speculation off (`launch_config(..., speculative=False)`),
+    launched from a copy: the caller's config still speculates."""
+    from eagle3.serving import process
+    from eagle3.serving.benchmark import BASELINE
+
+    started = []
+
+    class Launched:  # stands in for ServerProcess: records what would run
+        def __init__(self, command, log_path, startup_timeout_s, records_dir):
+            started.append((command, log_path, startup_timeout_s, records_dir))
+            self.url = command.url
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(process, "ServerProcess", Launched)
+    cfg = compose_config(["stage=bench", "server=sglang", "server.port=31555", "server.startup_timeout_s=42",
+                          f"paths.root={tmp_path / 'root'}"])
+    ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+    with bench_mod._server(cfg, ctx, BASELINE, None) as info:
+        assert info["launched"] and info["url"] == "http://127.0.0.1:31555"
+    [(command, log_path, timeout, records)] = started
+    assert command.backend == "sglang" and command.draft is None
+    assert not any(a.startswith("--speculative") for a in command.argv)
+    assert log_path == tmp_path / "run" / "bench-baseline-sglang.log" and timeout == 42.0
+    assert records == (tmp_path / "root").resolve() / ".servers"
+    assert ctx.config.server.speculative.algorithm == cfg.server.speculative.algorithm == "EAGLE3"

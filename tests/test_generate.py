@@ -28,6 +28,7 @@ from eagle3.chat_formats.kimi import (
     TOOL_CALLS_BEGIN,
     TOOL_CALLS_END,
 )
+from eagle3.config.typed import to_settings
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.generation import pipeline
 from eagle3.generation.factory import make_backend
@@ -167,7 +168,8 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
         cfg = compose_config(["dataset=demo_prompts", f"generate.length_policy={policy}", "generate.batch_size=2"])
         out = StageOutput.open(tmp_path / "root", "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
         with out:
-            manifest = out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out, CONVERSATIONS_FILE))
+            manifest = out.finalize(extra=pipeline.generate_file(to_settings(cfg), UNIT, source, out,
+                                                                 CONVERSATIONS_FILE))
         counts[policy] = manifest.counts
         assert manifest.extra["finish_reasons"] == {"length": 2, "stop": 4, "tool_calls": 1}
     assert counts["keep_flagged"]["in"] == counts["drop"]["in"] == 6
@@ -183,7 +185,7 @@ def _generate_unit(root: Path, source: Path, backend: ScriptedBackend, monkeypat
     cfg = compose_config(["dataset=demo_prompts", "generate.length_policy=drop", "generate.batch_size=3"])
     out = StageOutput.open(root, "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
     with out:
-        return out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out, CONVERSATIONS_FILE))
+        return out.finalize(extra=pipeline.generate_file(to_settings(cfg), UNIT, source, out, CONVERSATIONS_FILE))
 
 
 @pytest.mark.parametrize("independent", [True, False])
@@ -220,7 +222,7 @@ def test_failed_requests_leave_conversations_undone_and_a_rerun_asks_for_just_th
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_http_backends_without_urls_say_how_to_connect(backend):
-    cfg = compose_config([f"generate.backend={backend}", f"server@generate.server={backend}"])
+    cfg = to_settings(compose_config([f"generate.backend={backend}", f"server@generate.server={backend}"]))
     with pytest.raises(BackendUnavailable) as info:
         make_backend(cfg)
     message = str(info.value)

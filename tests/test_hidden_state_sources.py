@@ -11,10 +11,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from eagle3.config.schema import ExtractHTTPConfig
+from eagle3.config.typed import to_settings
 from eagle3.draft.target_weights import load_final_norm, rms_norm
 from eagle3.extract import vllm_connector
 from eagle3.extract.sources import PLUGIN_MODULE, exchange_dir, extraction_command, vllm_layer_ids
-from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
+from eagle3.extract.vllm_client import VLLMStates
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config
 from tests.conftest import compose_config
@@ -28,7 +30,7 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_the_extraction_server_runs_the_target_in_its_dtype_with_eagle3s_connector(tmp_path):
-    cfg = compose_config([*VLLM_GENERIC, f"paths.root={tmp_path}"])
+    cfg = to_settings(compose_config([*VLLM_GENERIC, f"paths.root={tmp_path}"]))
     command = extraction_command(cfg, tmp_path / "run")
     argv = command.argv
     assert _flag(argv, "--dtype") == "float32"  # model.dtype: what the stored states are a function of
@@ -42,7 +44,7 @@ def test_the_extraction_server_runs_the_target_in_its_dtype_with_eagle3s_connect
     assert transfer["kv_connector"] == vllm_connector.CONNECTOR_NAME == "Eagle3HiddenStatesConnector"
     assert transfer["kv_connector_module_path"] == PLUGIN_MODULE and transfer["kv_role"] == "kv_producer"
     assert transfer["kv_connector_extra_config"]["shared_storage_path"] == str(tmp_path / "hidden_states" / ".incoming")
-    assert str(exchange_dir(cfg)) == transfer["kv_connector_extra_config"]["shared_storage_path"]
+    assert str(exchange_dir(cfg.extract)) == transfer["kv_connector_extra_config"]["shared_storage_path"]
     plugin = tmp_path / "run" / "vllm_plugin"
     assert command.env["PYTHONPATH"].split(":")[0] == str(plugin)
     assert (plugin / f"{PLUGIN_MODULE}.py").read_bytes() == Path(vllm_connector.__file__).read_bytes()
@@ -51,10 +53,10 @@ def test_the_extraction_server_runs_the_target_in_its_dtype_with_eagle3s_connect
 
 
 def test_kimi_extraction_server_on_eight_gpus(tmp_path):
-    cfg = compose_config(["experiment=plan_v4_100k", f"paths.root={tmp_path}"])
+    cfg = to_settings(compose_config(["experiment=plan_v4_100k", f"paths.root={tmp_path}"]))
     argv = extraction_command(cfg, tmp_path / "run").argv
     assert _flag(argv, "--tensor-parallel-size") == "8" and "--trust-remote-code" in argv
-    assert vllm_layer_ids(cfg) == [2, 30, 58, 61]
+    assert vllm_layer_ids(cfg.model) == [2, 30, 58, 61]
     assert _flag(argv, "--max-model-len") == "10241"
     assert "VLLM_CPU_KVCACHE_SPACE" not in extraction_command(cfg, tmp_path / "run").env  # vllm_gpu: no CPU env
 
@@ -91,8 +93,8 @@ def test_final_norm_equals_transformers_rmsnorm():
 
 
 def _states(n_capture=3, hidden=4):
-    settings = ExtractHTTPSettings(concurrency=1, request_timeout_s=1, max_attempts=1, backoff_s=0, max_backoff_s=0,
-                                   max_consecutive_failures=0, connect_wait_s=1, file_wait_s=1)
+    settings = ExtractHTTPConfig(concurrency=1, request_timeout_s=1, max_attempts=1, backoff_s=0, max_backoff_s=0,
+                                 max_consecutive_failures=0, connect_wait_s=1, file_wait_s=1)
     return VLLMStates(["http://127.0.0.1:9"], settings, n_capture, (torch.full((hidden,), 2.0), 1e-6))
 
 

@@ -15,6 +15,7 @@ random port that answers like vLLM/SGLang with their reasoning and tool-call par
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,9 +28,10 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.config.typed import to_settings
 from eagle3.generation.factory import make_backend
 from eagle3.generation.http_backend import HTTPBackend
-from eagle3.generation.http_settings import HTTPSettings, Partition
 from eagle3.generation.openai_chat import (
     BadResponse,
     build_body,
@@ -62,9 +64,10 @@ def _urls(*urls: str) -> str:
     return f"generate.server.urls=[{','.join(urls)}]"
 
 
-def _settings(*urls: str, **kw) -> HTTPSettings:
+def _backend(*urls: str, **kw) -> HTTPBackend:
+    """A client of `urls` with the schema's `generate.http` defaults, fast retries and `kw` on top."""
     fast = dict(request_timeout_s=5.0, backoff_s=0.01, max_backoff_s=0.05, max_attempts=4, connect_wait_s=5.0)
-    return dataclasses.replace(HTTPSettings.defaults(urls), **{**fast, **kw})
+    return HTTPBackend(urls, dataclasses.replace(GenerateHTTPConfig(), **{**fast, **kw}))
 
 
 def _requests(n: int, prefix: str = "c", thinking: bool = True, size: int = 1) -> list[GenerationRequest]:
@@ -164,7 +167,7 @@ def test_config_validation_of_the_client_keys():
 def test_retries_through_drops_5xx_429_and_stalls_and_reports_what_still_fails():
     faults = FaultPlan(seed=3, p_fault=0.6, max_faulty_attempts=2, p_permanent=0.1, stall_s=1.0)
     with MockChatServer(faults=faults, tool_every=5, length_every=7, record_bodies=True) as server:
-        backend = HTTPBackend(_settings(server.url, request_timeout_s=0.4, max_attempts=4))
+        backend = _backend(server.url, request_timeout_s=0.4, max_attempts=4)
         try:
             requests = _requests(40) + [GenerationRequest(id="long:0", messages=[
                 {"role": "user", "content": f"{TOO_LONG_MARKER} please"}])]
@@ -189,14 +192,16 @@ def test_retries_through_drops_5xx_429_and_stalls_and_reports_what_still_fails()
 
 def _key(server: MockChatServer, request: GenerationRequest) -> str:
     """The mock server's key of a request as the client sends it (default settings)."""
-    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=HTTPSettings.defaults(()).thinking_keys))
+    keys = GenerateHTTPConfig().thinking_keys
+    return request_key(build_body(request, PARAMS, model=server.model, thinking_keys=keys))
 
 
 def test_partitions_cap_concurrency_by_prompt_length():
     # At the default 3 characters per token, short prompts are ~12 tokens, long ones ~490.
     with MockChatServer(latency_s=0.15, long_chars=1000) as server:
-        parts = (Partition(max_context=100, concurrency=4), Partition(max_context=None, concurrency=2))
-        backend = HTTPBackend(_settings(server.url, partitions=parts))
+        parts = [GeneratePartitionConfig(max_context=100, concurrency=4),
+                 GeneratePartitionConfig(max_context=None, concurrency=2)]
+        backend = _backend(server.url, partitions=parts)
         try:
             short, long = _requests(24, "s"), _requests(8, "l", size=120)
             results = backend.generate(short + long, PARAMS)
@@ -207,7 +212,7 @@ def test_partitions_cap_concurrency_by_prompt_length():
         assert server.max_inflight["short"] == 4 and server.max_inflight["long"] == 2, server.max_inflight
         assert server.max_inflight["all"] == 6  # the partitions run side by side
         # Only finite partitions: a prompt longer than all of them is refused before sending.
-        backend = HTTPBackend(_settings(server.url, partitions=(Partition(max_context=100, concurrency=4),)))
+        backend = _backend(server.url, partitions=[GeneratePartitionConfig(max_context=100, concurrency=4)])
         try:
             [r] = backend.generate(_requests(1, "x", size=200), PARAMS)
         finally:
@@ -219,7 +224,7 @@ def test_endpoints_share_the_load_round_robin_and_least_busy():
     servers = [MockChatServer(latency_s=0.05).start() for _ in range(3)]
     try:
         urls = [s.url for s in servers]
-        backend = HTTPBackend(_settings(*urls, endpoint_strategy="round_robin"))
+        backend = _backend(*urls, endpoint_strategy="round_robin")
         try:
             backend.generate(_requests(30), PARAMS)
         finally:
@@ -227,7 +232,7 @@ def test_endpoints_share_the_load_round_robin_and_least_busy():
         assert [s.stats["ok"] for s in servers] == [10, 10, 10]
         for s in servers:
             s.reset()
-        backend = HTTPBackend(_settings(*urls, partitions=(Partition(None, 6),)))
+        backend = _backend(*urls, partitions=[GeneratePartitionConfig(None, 6)])
         try:
             backend.generate(_requests(60), PARAMS)
         finally:
@@ -241,8 +246,8 @@ def test_endpoints_share_the_load_round_robin_and_least_busy():
 
 def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
     with MockChatServer(faults=FaultPlan(p_permanent=1.0)) as server:
-        backend = HTTPBackend(_settings(server.url, max_attempts=2, max_consecutive_failures=5,
-                                        partitions=(Partition(None, 2),)))
+        backend = _backend(server.url, max_attempts=2, max_consecutive_failures=5,
+                           partitions=[GeneratePartitionConfig(None, 2)])
         try:
             with pytest.raises(BackendUnavailable, match="in a row failed"):
                 backend.generate(_requests(40), PARAMS)
@@ -250,12 +255,12 @@ def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
             backend.close()
         assert server.stats["requests"] < 40 * 2  # it stopped early
     with pytest.raises(BackendUnavailable, match="no endpoint answered"):
-        backend = HTTPBackend(_settings("http://127.0.0.1:9", connect_wait_s=0.5))
+        backend = _backend("http://127.0.0.1:9", connect_wait_s=0.5)
         try:
             backend.generate(_requests(1), PARAMS)
         finally:
             backend.close()
-    cfg = compose_config(["generate.backend=vllm"])
+    cfg = to_settings(compose_config(["generate.backend=vllm"]))
     with pytest.raises(BackendUnavailable, match="generate.server.urls"):
         make_backend(cfg)
     assert isinstance(make_backend(cfg, urls=["http://127.0.0.1:9"]), HTTPBackend)  # a launcher's URLs
@@ -395,6 +400,35 @@ def test_c_several_endpoints_one_dead_share_the_load_and_match_one_endpoint(tmp_
     endpoints = multi.extra["this_run"]["client"]["endpoints"]
     assert endpoints["http://127.0.0.1:9"]["alive_at_start"] is False
     assert endpoints["http://127.0.0.1:9"]["ok"] == 0 and not multi.counts["rejected"]
+
+
+def test_c2_a_launched_server_hands_its_urls_to_the_units_as_a_connected_one_does(tmp_path, monkeypatch):
+    """Without generate.server.urls the stage launches `generate.server` (speculation off: no draft_path)
+    and runs its units against it: the same unit, byte for byte, as a run connecting to that server."""
+    from eagle3.serving import process
+
+    launched = []
+
+    @contextlib.contextmanager
+    def endpoints(cfg, run_dir, *args, **kwargs):  # stands in for the launch: the URLs of the mock server
+        launched.append(cfg)
+        yield [server.url]
+
+    monkeypatch.setattr(process, "server_endpoints", endpoints)
+    shared = ("generate.backend=vllm", "server@generate.server=vllm", "generate.server.port=31234", *FAST)
+    with MockChatServer(latency_s=0.01, tool_every=7) as server:
+        cfg, ctx = _prepare(tmp_path / "launched", *shared)
+        [manifest] = GENERATE(cfg, ctx)
+        connected_cfg, connected_ctx = _prepare(tmp_path / "connected", *shared, _urls(server.url))
+        [connected] = GENERATE(connected_cfg, connected_ctx)
+    [launch] = launched  # the connecting run launched nothing
+    assert (launch.server.backend, launch.server.port) == ("vllm", 31234)
+    assert launch.server.speculative.algorithm is None and launch.generate.server.speculative.algorithm == "EAGLE3"
+    assert not cfg.generate.server.urls  # the caller's config is untouched
+    assert manifest.extra["backend"]["urls"] == [server.url]
+    _check_complete_and_exact(manifest, _prep_ids(cfg, ctx))
+    assert manifest.dir.name == connected.dir.name  # the URLs are not part of the fingerprint
+    assert (manifest.dir / CONVERSATIONS_FILE).read_bytes() == (connected.dir / CONVERSATIONS_FILE).read_bytes()
 
 
 def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3.config.typed import to_settings
 from eagle3.serving.commands import ServerConfigError, build_command
 from eagle3.serving.rules import RULED_FLAGS, extra_arg_flags
 from eagle3.stages import check_config
@@ -70,7 +71,7 @@ def test_what_runs_on_sm120_passes_and_replaces_the_launchers_defaults():
     overrides = ["server=sglang_sm120", "server.kernels.attention_backend=null", "server.speculative.algorithm=null",
                  "server.extra_args=[--attention-backend,flashinfer,'--mem-fraction-static=0.8']"]
     assert errors_for(overrides) == []
-    argv = build_command(compose_config(overrides)).argv
+    argv = build_command(to_settings(compose_config(overrides))).argv
     assert argv.count("--attention-backend") == 1 and argv[argv.index("--attention-backend") + 1] == "flashinfer"
     assert "--mem-fraction-static" not in argv and argv[-1] == "--mem-fraction-static=0.8"  # not 0.85, then 0.8
     # The same kernel is fine off sm120.
@@ -81,15 +82,15 @@ def test_the_launcher_refuses_a_bypass_the_entrypoint_never_saw():
     cfg = compose_config(["server=sglang_sm120", "server.speculative.algorithm=null",
                           "server.extra_args=[--attention-backend,fa3]"])
     with pytest.raises(ServerConfigError, match=r"server\.extra_args: '--attention-backend fa3' -- does not run"):
-        build_command(cfg)
+        build_command(to_settings(cfg))
 
 
 def test_extra_arg_flags_reads_both_spellings_and_keeps_the_last():
     assert extra_arg_flags(["--a", "1", "--b=2", "--flag", "--c", "x", "--a=3"]) == {
         "--a": ("--a=3", "3"), "--b": ("--b=2", "2"), "--flag": ("--flag", None), "--c": ("--c x", "x")}
     # The launcher writes these flags from the same table the rules read them back with.
-    argv = build_command(compose_config(["server=sglang_sm120", "server.speculative.algorithm=null",
-                                         "server.mem_fraction_static=0.8"])).argv
+    argv = build_command(to_settings(compose_config(["server=sglang_sm120", "server.speculative.algorithm=null",
+                                                     "server.mem_fraction_static=0.8"]))).argv
     for typed, flag in RULED_FLAGS["sglang"].items():
         if typed in ("kernels.attention_backend", "mem_fraction_static"):
             assert flag in argv, (flag, argv)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3.config.typed import to_settings
 from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
 from eagle3.draft.model import Eagle3Draft
@@ -73,7 +74,7 @@ def kimi_spec(draft: Path) -> list[str]:
 def command_for(overrides: list[str]):
     cfg = compose_config(overrides)
     assert check_config(cfg) == []
-    return build_command(cfg)
+    return build_command(to_settings(cfg))
 
 
 # ------------------------------------------------------------------------------------------
@@ -185,10 +186,18 @@ def test_generate_launches_its_own_server_node_not_the_serving_one():
     cfg = compose_config([*KIMI, "generate.backend=sglang", "server@generate.server=sglang_sm120", "server=vllm",
                           "generate.server.speculative.algorithm=null", "generate.server.port=31000"])
     assert check_config(cfg) == []
-    cmd = build_command(launch_config(cfg, "generate.server"))
+    settings = to_settings(cfg)
+    cmd = build_command(launch_config(settings, "generate.server"))
     assert cmd.backend == "sglang" and cmd.port == 31000 and cmd.argv[cmd.argv.index("--attention-backend") + 1] == "triton"
     assert not any(a.startswith("--speculative") for a in cmd.argv)
-    assert cfg.server.backend == "vllm"  # the caller's config is untouched
+    assert settings.server.backend == "vllm"  # the caller's config is untouched
+    # speculative=False (bench's baseline, the extraction server): the node with speculation off, in a copy.
+    assert settings.server.speculative.algorithm == "EAGLE3"
+    baseline = launch_config(settings, "server", speculative=False)
+    assert baseline.server.speculative.algorithm is None and settings.server.speculative.algorithm == "EAGLE3"
+    assert baseline.server is not settings.server and baseline.model is settings.model
+    with pytest.raises(TypeError, match="generate.http is not a server node"):
+        launch_config(settings, "generate.http")
 
 
 def test_user_env_wins_and_extra_args_come_last(drafts, tmp_path):
@@ -212,7 +221,7 @@ def test_vllm_preload_follows_a_relative_interpreter(drafts, tmp_path, monkeypat
 
 def build_errors(overrides: list[str]) -> list[str]:
     with pytest.raises(ServerConfigError) as info:
-        build_command(compose_config(overrides))
+        build_command(to_settings(compose_config(overrides)))
     return info.value.errors
 
 
@@ -229,7 +238,7 @@ def test_eagle_with_an_eagle3_draft_is_refused_with_the_validator_line(drafts):
 
 def test_eagle_guard_reads_the_actual_draft_directory(drafts, tmp_path):
     # The config names no draft here; the launcher is handed the export and still refuses EAGLE.
-    cfg = compose_config(["server=sglang", *KIMI, "server.speculative.algorithm=EAGLE"])
+    cfg = to_settings(compose_config(["server=sglang", *KIMI, "server.speculative.algorithm=EAGLE"]))
     with pytest.raises(ServerConfigError) as info:
         sglang_command(cfg, drafts["kimi_sglang"])
     assert any("the draft is EAGLE-3" in e for e in info.value.errors)
@@ -291,9 +300,9 @@ def test_speculation_without_a_draft_or_with_a_missing_one(tmp_path):
 
 def test_all_launch_errors_are_reported_together(drafts):
     with pytest.raises(ServerConfigError) as info:
-        build_command(compose_config(["server=sglang_sm120", *KIMI, "server.host=10.0.0.1",
-                                      "server.kernels.attention_backend=fa3",
-                                      f"server.speculative.draft_path={drafts['demo_vllm']}"]))
+        build_command(to_settings(compose_config(["server=sglang_sm120", *KIMI, "server.host=10.0.0.1",
+                                                  "server.kernels.attention_backend=fa3",
+                                                  f"server.speculative.draft_path={drafts['demo_vllm']}"])))
     keys = [e.split(":")[0] for e in info.value.errors]
     assert keys == ["server.host", "server.kernels.attention_backend", "server.speculative.draft_path"]
     assert str(info.value).startswith("3 server errors:\n  server.host: '10.0.0.1'")

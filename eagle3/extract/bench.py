@@ -25,6 +25,7 @@ from hydra import compose, initialize_config_dir
 
 import eagle3.config  # noqa: F401  (registers the schema and resolvers)
 from eagle3.artifacts import StageOutput, format_bytes
+from eagle3.config.typed import to_settings
 from eagle3.extract.dataset import HiddenStateDataset
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.sources import HFStates
@@ -116,9 +117,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        m = compose(config_name="config", overrides=args.overrides).model
-    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code), revision=m.revision)
-    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
+        m = to_settings(compose(config_name="config", overrides=args.overrides)).model
+    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code, revision=m.revision)
+    check_geometry(parts, m.num_layers, m.hidden_size)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:
         tmp = Path(tmp_name)
         merged = args.merged

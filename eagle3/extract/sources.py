@@ -23,15 +23,17 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from eagle3.extract.capture import LayerCapture, capture_samples
 from eagle3.extract.target import DecoderParts
 from eagle3.serving.engines import IN_PROCESS, VLLM
+
+if TYPE_CHECKING:
+    from eagle3.config.schema import Eagle3Config, ExtractConfig, ModelConfig
 
 __all__ = ["HFStates", "StateSource", "exchange_dir", "online_states", "open_states", "vllm_layer_ids"]
 
@@ -99,33 +101,33 @@ class HFStates:
         return dict(self.__dict__)
 
 
-def load_hf_target(cfg: DictConfig) -> DecoderParts:
+def load_hf_target(cfg: Eagle3Config) -> DecoderParts:
     """The configured target, loaded with transformers and checked against `model.*`."""
     from eagle3.extract.target import check_geometry, load_target
 
     m = cfg.model
-    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=bool(m.trust_remote_code),
+    parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
                         revision=m.revision, device_map=cfg.extract.device_map,
                         cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
-    check_geometry(parts, int(m.num_layers), int(m.hidden_size))
+    check_geometry(parts, m.num_layers, m.hidden_size)
     return parts
 
 
-def vllm_layer_ids(cfg: DictConfig) -> list[int]:
+def vllm_layer_ids(model: ModelConfig) -> list[int]:
     """What vLLM is asked to capture: the capture layers in vLLM's numbering, then the final residual."""
     from eagle3.layer_ids import engine_aux_layer_ids
 
-    return [*engine_aux_layer_ids(cfg.model.capture_layers, VLLM), int(cfg.model.num_layers)]
+    return [*engine_aux_layer_ids(model.capture_layers, VLLM), model.num_layers]
 
 
-def exchange_dir(cfg: DictConfig) -> Path:
+def exchange_dir(extract: ExtractConfig) -> Path:
     """Where an extraction server writes its files (`extract.http.exchange_dir`, default under the store root)."""
-    configured = cfg.extract.http.exchange_dir
-    where = Path(str(configured)) if configured else Path(str(cfg.extract.store_root)) / INCOMING_DIR
+    configured = extract.http.exchange_dir
+    where = Path(configured) if configured else Path(extract.store_root) / INCOMING_DIR
     return where.expanduser().resolve()
 
 
-def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
+def extraction_command(cfg: Eagle3Config, run_dir: Path) -> Any:
     """The command of a vLLM server that hands out this config's hidden states (`extract.server`)."""
     from eagle3.extract import vllm_connector
     from eagle3.serving.commands import HiddenStateExport, launch_config, vllm_command
@@ -134,35 +136,35 @@ def extraction_command(cfg: DictConfig, run_dir: Path) -> Any:
     plugin_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(vllm_connector.__file__, plugin_dir / f"{PLUGIN_MODULE}.py")  # self-contained: vLLM, torch only
     context = cfg.extract.server.context_length
-    export = HiddenStateExport(layer_ids=tuple(vllm_layer_ids(cfg)), exchange_dir=str(exchange_dir(cfg)),
+    export = HiddenStateExport(layer_ids=tuple(vllm_layer_ids(cfg.model)),
+                               exchange_dir=str(exchange_dir(cfg.extract)),
                                plugin_dir=str(plugin_dir), connector_module=PLUGIN_MODULE,
                                connector=vllm_connector.CONNECTOR_NAME,
-                               max_model_len=max(int(context or 0), int(cfg.data.max_len) + 1))
-    launch = launch_config(cfg, "extract.server")  # the launcher reads `server`
-    OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)  # it extracts, it does not draft
-    return vllm_command(launch, hidden_states=export)
+                               max_model_len=max(context or 0, cfg.data.max_len + 1))
+    # The launcher reads `server`; this server extracts, it does not draft.
+    return vllm_command(launch_config(cfg, "extract.server", speculative=False), hidden_states=export)
 
 
 @contextlib.contextmanager
-def vllm_servers(cfg: DictConfig, run_dir: Path) -> Iterator[list[str]]:
+def vllm_servers(cfg: Eagle3Config, run_dir: Path) -> Iterator[list[str]]:
     """Base URLs of the extraction servers: `extract.server.urls`, or one launched for the block."""
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     server = cfg.extract.server
     if server.urls:
-        yield check_health(list(server.urls), str(server.backend), timeout_s=float(cfg.extract.http.connect_wait_s))
+        yield check_health(list(server.urls), str(server.backend), timeout_s=cfg.extract.http.connect_wait_s)
         return
     command = extraction_command(cfg, run_dir)
-    exchange_dir(cfg).mkdir(parents=True, exist_ok=True)
+    exchange_dir(cfg.extract).mkdir(parents=True, exist_ok=True)
     log_path = Path(run_dir) / f"extract-{command.log_name}"
     log.info("extract: starting the vLLM server that hands out hidden states: %s (log %s)", command.shell(), log_path)
-    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
-                       records_dir=records_dir(cfg)) as proc:
+    with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
+                       records_dir=records_dir(cfg.paths)) as proc:
         yield [proc.url]
 
 
 @contextlib.contextmanager
-def open_states(cfg: DictConfig, run_dir: Path) -> Iterator[StateSource]:
+def open_states(cfg: Eagle3Config, run_dir: Path) -> Iterator[StateSource]:
     """The source `extract.backend` names, open for the block (a launched server is stopped after)."""
     with online_states(cfg, run_dir) as make_source:
         source = make_source()
@@ -173,7 +175,7 @@ def open_states(cfg: DictConfig, run_dir: Path) -> Iterator[StateSource]:
 
 
 @contextlib.contextmanager
-def online_states(cfg: DictConfig, run_dir: Path, urls_file: Optional[Path] = None,
+def online_states(cfg: Eagle3Config, run_dir: Path, urls_file: Optional[Path] = None,
                   wait_for_urls: bool = False) -> Iterator[Callable[[], StateSource]]:
     """A picklable maker of this config's state source, valid for the block (online training; extract
     makes one source through `open_states`).
@@ -185,20 +187,20 @@ def online_states(cfg: DictConfig, run_dir: Path, urls_file: Optional[Path] = No
     """
     from eagle3.extract import BACKENDS
 
-    backend = str(cfg.extract.backend)
+    backend = cfg.extract.backend
     if backend not in BACKENDS:
         raise ValueError(f"extract.backend={backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == IN_PROCESS:
         yield functools.partial(HFStates, functools.partial(load_hf_target, cfg), list(cfg.model.capture_layers))
         return
     from eagle3.draft.target_weights import load_final_norm
-    from eagle3.extract.vllm_client import ExtractHTTPSettings, VLLMStates
+    from eagle3.extract.vllm_client import VLLMStates
 
     m = cfg.model
     norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
-    settings = ExtractHTTPSettings.from_config(cfg.extract.http)
+    settings = cfg.extract.http
     if wait_for_urls and urls_file is not None and not cfg.extract.server.urls:
-        yield functools.partial(VLLMStates, _await_urls(urls_file, float(cfg.extract.server.startup_timeout_s)),
+        yield functools.partial(VLLMStates, _await_urls(urls_file, cfg.extract.server.startup_timeout_s),
                                 settings, len(m.capture_layers), norm)
         return
     with vllm_servers(cfg, run_dir) as urls:

@@ -21,9 +21,8 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 import torch
@@ -40,7 +39,10 @@ from eagle3.serving.http import (
     served_model,
 )
 
-__all__ = ["ExtractHTTPSettings", "ServerDown", "VLLMStates"]
+if TYPE_CHECKING:
+    from eagle3.config.schema import ExtractHTTPConfig
+
+__all__ = ["ServerDown", "VLLMStates"]
 
 log = logging.getLogger("eagle3")
 _POLL_S = 0.02
@@ -50,27 +52,6 @@ States = Union[tuple[torch.Tensor, torch.Tensor], tuple[str, str]]
 
 class ServerDown(Eagle3Error):
     """The extraction server stopped answering (or never ran eagle3's connector); one line."""
-
-
-@dataclass(frozen=True)
-class ExtractHTTPSettings:
-    """`extract.http` as plain data (see ExtractHTTPConfig)."""
-
-    concurrency: int
-    request_timeout_s: float
-    max_attempts: int
-    backoff_s: float
-    max_backoff_s: float
-    max_consecutive_failures: int
-    connect_wait_s: float
-    file_wait_s: float
-
-    @classmethod
-    def from_config(cls, http: Any) -> ExtractHTTPSettings:
-        return cls(concurrency=int(http.concurrency), request_timeout_s=float(http.request_timeout_s),
-                   max_attempts=int(http.max_attempts), backoff_s=float(http.backoff_s),
-                   max_backoff_s=float(http.max_backoff_s), max_consecutive_failures=int(http.max_consecutive_failures),
-                   connect_wait_s=float(http.connect_wait_s), file_wait_s=float(http.file_wait_s))
 
 
 class _Retry(Exception):
@@ -92,14 +73,14 @@ class VLLMStates:
 
     Args:
         urls: Base URLs of the servers.
-        settings: Concurrency, timeouts and retries.
+        settings: Concurrency, timeouts and retries (`extract.http`).
         n_capture: C, the capture layers the servers were started with (before the final id).
         final_norm: The target's final norm `(weight [H], eps)`.
     """
 
     name = "vllm"
 
-    def __init__(self, urls: Sequence[str], settings: ExtractHTTPSettings, n_capture: int,
+    def __init__(self, urls: Sequence[str], settings: ExtractHTTPConfig, n_capture: int,
                  final_norm: tuple[torch.Tensor, float]) -> None:
         if not urls:
             raise ServerDown("extract.backend=vllm: no server URL")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from eagle3.generation.types import GenerationBackend
 from eagle3.serving.engines import ENGINES, IN_PROCESS
+
+if TYPE_CHECKING:
+    from eagle3.config.schema import Eagle3Config
 
 __all__ = ["BACKENDS", "backend_class", "make_backend"]
 
@@ -31,11 +34,11 @@ def backend_class(name: str) -> type[GenerationBackend]:
     return getattr(importlib.import_module(module), attr)
 
 
-def make_backend(cfg: Any, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
+def make_backend(cfg: Eagle3Config, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
     """The generation backend `cfg.generate.backend` names (nothing loaded or connected yet).
 
     Args:
-        cfg: The composed config (`generate.backend`, `generate.server`, `generate.http`, `model`).
+        cfg: The config (`generate.backend`, `generate.server`, `generate.http`, `model`).
         urls: For `vllm` / `sglang`: base URLs of running OpenAI-compatible servers (a launcher
             that started them passes them); None means `cfg.generate.server.urls`.
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -29,6 +29,9 @@ from eagle3.generation.types import (
     GenerationResult,
     SamplingParams,
 )
+
+if TYPE_CHECKING:
+    from eagle3.config.schema import Eagle3Config
 
 log = logging.getLogger("eagle3")
 
@@ -101,7 +104,7 @@ class HFBackend:
                 "dtype": self.dtype, "device": self.device}
 
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> HFBackend:
+    def from_config(cls, cfg: Eagle3Config, urls: Optional[Sequence[str]] = None) -> HFBackend:
         """The configured target (`model.*`), loaded in this process on first use; `urls` is unused."""
         model = cfg.model
         return cls(path=str(model.path), revision=model.revision, dtype=str(model.dtype),

@@ -48,7 +48,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from eagle3.generation.http_settings import ROUND_ROBIN, HTTPSettings, Partition
+from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.generation.http_settings import ROUND_ROBIN, partition_name, sorted_partitions
 from eagle3.generation.openai_chat import (
     BadResponse,
     build_body,
@@ -123,31 +124,35 @@ class HTTPBackend:
     #: which other requests share its `generate` call.
     independent_requests = True
 
-    def __init__(self, settings: HTTPSettings,
+    def __init__(self, urls: Sequence[str], http: GenerateHTTPConfig, *, backend: str = "vllm",
+                 fallback_model: str = "default",
                  token_counter: Optional[Callable[[GenerationRequest], int]] = None) -> None:
         """
         Args:
-            settings: Endpoints, partitions, retry policy and request knobs.
-            token_counter: Prompt-token estimate used to pick a partition; default characters /
-                `settings.chars_per_token` (pass a tokenizer-based count if one is at hand).
+            urls: Base URLs of the endpoints.
+            http: Partitions, retry policy and request knobs (`generate.http`).
+            backend: `generate.backend` (vllm | sglang), for messages and the manifest.
+            fallback_model: The model name sent when the server cannot say (no /v1/models): `model.path`.
+            token_counter: Prompt-token estimate that picks the partition (a tokenizer-based count, say);
+                default characters / `http.chars_per_token`.
         """
-        if not settings.urls:
-            raise BackendUnavailable(f"generate.backend={settings.backend}: no endpoint URLs")
-        self.settings = settings
-        self.name = settings.backend
-        self._count_tokens = token_counter or (lambda r: estimate_prompt_tokens(r, settings.chars_per_token))
-        self._partitions = settings.sorted_partitions()
-        self._endpoints = [_Endpoint(u) for u in settings.urls]
+        self.urls = tuple(str(u) for u in urls)
+        if not self.urls:
+            raise BackendUnavailable(f"generate.backend={backend}: no endpoint URLs")
+        self.http, self.name, self.fallback_model = http, backend, fallback_model
+        self._count_tokens = token_counter or (lambda r: estimate_prompt_tokens(r, http.chars_per_token))
+        self._partitions = sorted_partitions(http.partitions)
+        self._endpoints = [_Endpoint(u) for u in self.urls]
         self._rr = 0
         self._rng = random.Random()  # jitter only; never feeds what is generated
-        self._runner = BackgroundLoop(settings.backend)
+        self._runner = BackgroundLoop(self.name)
         self._client: Optional[Client] = None
-        self._semaphores: dict[Partition, asyncio.Semaphore] = {}
+        self._semaphores: list[asyncio.Semaphore] = []  # one per partition, in `_partitions` order
         self._closed = False
         self._fatal: Optional[BackendUnavailable] = None
         self._tasks: set[asyncio.Task] = set()  # requests in flight, of every caller (loop thread only)
         self._consecutive_failures = 0
-        self.model: Optional[str] = settings.model
+        self.model: Optional[str] = http.model
         self.counters: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.partition_requests: Counter[str] = Counter()
@@ -156,7 +161,7 @@ class HTTPBackend:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> HTTPBackend:
+    def from_config(cls, cfg: Eagle3Config, urls: Optional[Sequence[str]] = None) -> HTTPBackend:
         """The backend `generate.backend` at `urls` (None = `generate.server.urls`), with `generate.http`'s knobs.
 
         Raises:
@@ -169,18 +174,17 @@ class HTTPBackend:
                 f"generate.backend={backend}: no server to talk to; set generate.server.urls=[http://HOST:PORT,...] "
                 f"to running {backend} servers (stage generate launches one itself when they are not set), "
                 "or use generate.backend=hf (in-process transformers)")
-        return cls(HTTPSettings.from_config(cfg.generate.http, urls=urls, backend=backend,
-                                            fallback_model=str(cfg.model.path)))
+        return cls(urls, cfg.generate.http, backend=backend, fallback_model=str(cfg.model.path))
 
     def describe(self) -> dict[str, Any]:
         """Backend, endpoints and served model, for the manifest."""
-        return {"backend": self.name, "urls": list(self.settings.urls), "model": self.model,
+        return {"backend": self.name, "urls": list(self.urls), "model": self.model,
                 "partitions": [{"max_context": p.max_context, "concurrency": self._capacity(p)}
                                for p in self._partitions],
-                "endpoint_strategy": self.settings.endpoint_strategy}
+                "endpoint_strategy": self.http.endpoint_strategy}
 
-    def _capacity(self, partition: Partition) -> int:
-        n = len(self._endpoints) if self.settings.concurrency_per_endpoint else 1
+    def _capacity(self, partition: GeneratePartitionConfig) -> int:
+        n = len(self._endpoints) if self.http.concurrency_per_endpoint else 1
         return partition.concurrency * n
 
     def suggested_inflight_batches(self, batch_size: int) -> int:
@@ -197,13 +201,13 @@ class HTTPBackend:
     async def _start(self) -> None:
         total = sum(self._capacity(p) for p in self._partitions)
         self._client = Client(limit=total + 8)
-        self._semaphores = {p: asyncio.Semaphore(self._capacity(p)) for p in self._partitions}
+        self._semaphores = [asyncio.Semaphore(self._capacity(p)) for p in self._partitions]
         await self._probe(self._client)
         self._started_at = time.perf_counter()
 
     async def _probe(self, client: Client) -> None:
         """Wait (up to connect_wait_s) until an endpoint answers /v1/models; learn the model name."""
-        deadline = time.monotonic() + self.settings.connect_wait_s
+        deadline = time.monotonic() + self.http.connect_wait_s
         last: dict[str, str] = {}
 
         async def probe(ep: _Endpoint) -> Optional[str]:
@@ -220,10 +224,10 @@ class HTTPBackend:
             names = await asyncio.gather(*(probe(ep) for ep in self._endpoints if not ep.alive))
             if any(ep.alive for ep in self._endpoints):
                 break
-            self._stop_if_dead(self.settings.urls)
+            self._stop_if_dead(self.urls)
             if time.monotonic() >= deadline:
                 raise BackendUnavailable(
-                    f"generate.backend={self.name}: no endpoint answered within {self.settings.connect_wait_s:g} s "
+                    f"generate.backend={self.name}: no endpoint answered within {self.http.connect_wait_s:g} s "
                     f"(generate.http.connect_wait_s): " + "; ".join(f"{u} -> {e}" for u, e in last.items()))
             await asyncio.sleep(1.0)
         for ep in self._endpoints:
@@ -232,10 +236,10 @@ class HTTPBackend:
                             self.name, ep.url, last.get(ep.url))
                 ep.rest_until = time.monotonic() + ENDPOINT_REST_S
         if self.model is None:
-            self.model = next((n for n in names if n), None) or self.settings.fallback_model
+            self.model = next((n for n in names if n), None) or self.fallback_model
         log.info("%s client: %d endpoint(s) (%d answering), model %r, partitions %s", self.name,
                  len(self._endpoints), sum(bool(ep.alive) for ep in self._endpoints), self.model,
-                 ", ".join(f"{p.name}:{self._capacity(p)}" for p in self._partitions))
+                 ", ".join(f"{partition_name(p.max_context)}:{self._capacity(p)}" for p in self._partitions))
 
     def close(self) -> None:
         """Cancel requests in flight, close the connections and stop the loop (idempotent)."""
@@ -273,10 +277,10 @@ class HTTPBackend:
                 task.cancel()
             self._tasks.difference_update(tasks)
 
-    def _partition_for(self, tokens: int) -> Optional[Partition]:
-        for part in self._partitions:
+    def _partition_for(self, tokens: int) -> Optional[int]:  # the index of the first one it fits
+        for i, part in enumerate(self._partitions):
             if part.max_context is None or tokens <= part.max_context:
-                return part
+                return i
         return None
 
     def _pick(self, avoid: Optional[_Endpoint]) -> _Endpoint:
@@ -285,7 +289,7 @@ class HTTPBackend:
         if avoid is not None and len(up) > 1:
             up = [ep for ep in up if ep is not avoid] or up
         n = len(self._endpoints)
-        if self.settings.endpoint_strategy == ROUND_ROBIN:
+        if self.http.endpoint_strategy == ROUND_ROBIN:
             order = {id(ep): (self._endpoints.index(ep) - self._rr) % n for ep in up}
             chosen = min(up, key=lambda ep: order[id(ep)])
         else:  # least busy; ties go round the ring
@@ -295,21 +299,20 @@ class HTTPBackend:
 
     async def _one(self, request: GenerationRequest, params: SamplingParams) -> GenerationResult:
         tokens = self._count_tokens(request)
-        part = self._partition_for(tokens)
-        if part is None:
+        index = self._partition_for(tokens)
+        if index is None:
             self.counters["prompt_too_long"] += 1
             return GenerationResult(id=request.id, error=ERROR_PROMPT_TOO_LONG, prompt_tokens=tokens,
                                     error_detail=f"~{tokens} prompt tokens exceed every partition's max_context")
-        body = build_body(request, params, model=str(self.model), thinking_keys=self.settings.thinking_keys,
-                          chat_template_kwargs=self.settings.chat_template_kwargs,
-                          extra_body=self.settings.extra_body)
+        body = build_body(request, params, model=str(self.model), thinking_keys=self.http.thinking_keys,
+                          chat_template_kwargs=self.http.chat_template_kwargs, extra_body=self.http.extra_body)
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        self.partition_requests[part.name] += 1
-        async with self._semaphores[part]:
+        self.partition_requests[partition_name(self._partitions[index].max_context)] += 1
+        async with self._semaphores[index]:
             return await self._attempts(request, payload, tokens)
 
     async def _attempts(self, request: GenerationRequest, payload: bytes, tokens: int) -> GenerationResult:
-        settings = self.settings
+        settings = self.http
         endpoint: Optional[_Endpoint] = None
         failure: Optional[_Failure] = None
         for attempt in range(1, settings.max_attempts + 1):
@@ -354,8 +357,7 @@ class HTTPBackend:
             self._stop(BackendUnavailable(
                 f"generate.backend={self.name}: {self._consecutive_failures} requests in a row failed after "
                 f"{settings.max_attempts} attempts each (last: {failure.kind}: {' '.join(failure.detail.split())}); "
-                f"the endpoints "
-                f"{', '.join(settings.urls)} look down. Stopping; a rerun resumes where this one stopped "
+                f"the endpoints {', '.join(self.urls)} look down. Stopping; a rerun resumes where this one stopped "
                 "(generate.http.max_consecutive_failures)"))
         return GenerationResult(id=request.id, error=ERROR_REQUEST_FAILED, prompt_tokens=tokens,
                                 error_detail=f"{failure.kind}: {failure.detail} (attempt {attempt} of "
@@ -384,8 +386,7 @@ class HTTPBackend:
         """One attempt; a _Failure says what went wrong and whether to retry."""
         import aiohttp
 
-        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
-                                        sock_connect=self.settings.connect_timeout_s)
+        timeout = aiohttp.ClientTimeout(total=self.http.request_timeout_s, sock_connect=self.http.connect_timeout_s)
         assert self._client is not None  # opened by _start, before any request is sent
         endpoint.inflight += 1
         endpoint.requests += 1
@@ -395,7 +396,7 @@ class HTTPBackend:
                                                headers={"Content-Type": "application/json"})
             raw, status, wait = reply.body, reply.status, retry_after_seconds(reply.headers)
         except asyncio.TimeoutError:
-            raise _Failure("timeout", f"no complete answer within {self.settings.request_timeout_s:g} s "
+            raise _Failure("timeout", f"no complete answer within {self.http.request_timeout_s:g} s "
                                       f"from {endpoint.url}") from None
         except aiohttp.ClientConnectorError as exc:
             raise _Failure("connect", f"{endpoint.url}: {exc}"[:ERROR_TEXT_CHARS]) from None

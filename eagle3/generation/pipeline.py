@@ -35,15 +35,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
-
-from omegaconf import DictConfig
+from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
 from eagle3.generation.factory import make_backend
 from eagle3.generation.regenerate import BatchInterrupted, GenerateSettings, Outcome, regenerate_batch
 from eagle3.generation.reuse import EarlierGenerations, chunks
 from eagle3.generation.types import RETRYABLE_REJECT_REASONS, BackendUnavailable, GenerationIncomplete
+
+if TYPE_CHECKING:
+    from eagle3.config.schema import Eagle3Config, GenerateConfig
 
 __all__ = ["WRITE_WINDOW", "generate_file", "inflight_batches", "settings_for"]
 
@@ -53,13 +54,12 @@ log = logging.getLogger("eagle3")
 WRITE_WINDOW = 4
 
 
-def settings_for(cfg: DictConfig, unit: str) -> GenerateSettings:
-    """Plain settings of a unit, so nothing OmegaConf reaches the backend."""
+def settings_for(cfg: Eagle3Config, unit: str) -> GenerateSettings:
+    """The sampling knobs of a unit: `generate.*` joined with its source's thinking mode and the data seed."""
     gen = cfg.generate
-    return GenerateSettings(max_new_tokens=int(gen.max_new_tokens), temperature=float(gen.temperature),
-                            top_p=float(gen.top_p), max_user_turns=int(gen.max_user_turns),
-                            length_policy=str(gen.length_policy),
-                            thinking=bool(cfg.dataset.sources[unit].thinking), seed=int(cfg.data.seed))
+    return GenerateSettings(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
+                            max_user_turns=gen.max_user_turns, length_policy=gen.length_policy,
+                            thinking=cfg.dataset.sources[unit].thinking, seed=cfg.data.seed)
 
 
 def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
@@ -86,13 +86,13 @@ def _file_stats(out: StageOutput, writer) -> dict[str, Any]:
             "tokens": tokens, "turns": turns, "length_cut_kept": kept_cut}
 
 
-def inflight_batches(cfg: DictConfig, backend: Any) -> int:
+def inflight_batches(generate: GenerateConfig, backend: Any) -> int:
     """How many batches to regenerate at once: 1 unless the backend serves requests concurrently."""
     suggest = getattr(backend, "suggested_inflight_batches", None)
     if suggest is None:
         return 1  # in-process backends run one batch at a time
-    explicit = cfg.generate.http.inflight_batches
-    return int(explicit) if explicit else int(suggest(int(cfg.generate.batch_size)))
+    explicit = generate.http.inflight_batches
+    return int(explicit) if explicit else int(suggest(generate.batch_size))
 
 
 def _eta(seconds: float) -> str:
@@ -100,7 +100,7 @@ def _eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, output_name: str,
+def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, output_name: str,
                   total: Optional[int] = None, earlier: Optional[EarlierGenerations] = None) -> dict:
     """Regenerate the prompt-only conversations of `source` into `out` (resumable).
 
@@ -123,14 +123,14 @@ def generate_file(cfg: DictConfig, unit: str, source: Path, out: StageOutput, ou
     if retried:
         log.warning("generate %s: %d conversation(s) an earlier version rejected as %s are retried", unit,
                     len(retried), "/".join(sorted(RETRYABLE_REJECT_REASONS)))
-    batch_size = int(cfg.generate.batch_size)
+    batch_size = cfg.generate.batch_size
     if earlier and earlier.covers(source, batch_size, out.is_done):
         backend: Any = _NoModel(cfg.generate.backend)  # every batch is copied: load nothing
     else:
         backend = make_backend(cfg)  # fails fast for a backend that cannot generate
-    inflight = inflight_batches(cfg, backend)
+    inflight = inflight_batches(cfg.generate, backend)
     live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
-    log_every = float(cfg.generate.http.log_every_s)
+    log_every = cfg.generate.http.log_every_s
     run: Counter[str] = Counter()
     rank: dict[Any, int] = {}  # id -> position in the source: the order both files end in
     failed: list[Any] = []  # details of conversations left undone by failed requests

@@ -1,7 +1,8 @@
 """The generation-backend interface and its types: what stage `generate` asks of a target.
 
-A leaf module (it imports only `eagle3.errors`): backends, the regeneration loop and the stage all speak these
-types, and `eagle3.generation.factory` maps `generate.backend` names to implementations.
+A leaf module (it imports only `eagle3.errors`, and the config schema for typing): backends, the
+regeneration loop and the stage all speak these types, and `eagle3.generation.factory` maps
+`generate.backend` names to implementations.
 
 
 The stage speaks in chat messages, not tokens, because that is what every serving engine speaks:
@@ -10,7 +11,7 @@ returns one assistant message already split by its reasoning and tool-call parse
 reason and token usage. The in-process `hf` backend does the same work itself (render with the
 tokenizer's own template, generate, parse the Kimi format), so the stage cannot tell them apart;
 the HTTP client (`http_backend.HTTPBackend`) plugs in behind the same protocol. Each backend
-builds itself from the composed config (`from_config(cfg, urls)`).
+builds itself from the typed config (`from_config(cfg, urls)`).
 
 Determinism is part of the contract: a backend given the same requests in the same order with the
 same `SamplingParams.seed` returns the same results. The stage derives that seed from the batch's
@@ -29,9 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 from eagle3.errors import Eagle3Error
+
+if TYPE_CHECKING:
+    from eagle3.config.schema import Eagle3Config
 
 __all__ = [
     "ERROR_INVALID_UTF8",
@@ -156,11 +160,11 @@ class GenerationBackend(Protocol):
     independent_requests: bool
 
     @classmethod
-    def from_config(cls, cfg: Any, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
-        """The backend for a composed config (nothing loaded or connected yet).
+    def from_config(cls, cfg: Eagle3Config, urls: Optional[Sequence[str]] = None) -> GenerationBackend:
+        """The backend for a config (nothing loaded or connected yet).
 
         Args:
-            cfg: The composed config (`generate.backend`, `generate.server`, `generate.http`, `model`).
+            cfg: The config (`generate.backend`, `generate.server`, `generate.http`, `model`).
             urls: Base URLs of running servers, for the HTTP backends (None = `generate.server.urls`).
         """
         ...

@@ -13,15 +13,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.errors import Eagle3Error
 from eagle3.serving.engine_client import EngineClient, accept_length_of, run_requests
 from eagle3.serving.engine_metrics import ACCEPT_LENGTH_DEFINITION
 from eagle3.serving.http import Client, HTTPFailure
 
-__all__ = ["BASELINE", "LIKELY_CAUSES", "MODES", "SPECULATIVE", "BenchSettings", "BenchmarkFailed",
+if TYPE_CHECKING:
+    from eagle3.config.server_schema import BenchConfig
+
+__all__ = ["BASELINE", "LIKELY_CAUSES", "MODES", "SPECULATIVE", "BenchmarkFailed",
            "failure_message", "run_benchmark"]
 
 log = logging.getLogger("eagle3")
@@ -42,27 +44,7 @@ class BenchmarkFailed(Eagle3Error):
     """A benchmark whose result must not be read as a number (reports are written first)."""
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    """How to measure (from `bench.*`)."""
-
-    max_new_tokens: int
-    concurrency: int
-    warmup_requests: int
-    repeats: int
-    request_timeout_s: float
-    min_accept_length: float
-    baseline: bool
-
-    @classmethod
-    def from_config(cls, bench: Any) -> BenchSettings:
-        return cls(max_new_tokens=int(bench.max_new_tokens), concurrency=int(bench.concurrency),
-                   warmup_requests=int(bench.warmup_requests), repeats=int(bench.repeats),
-                   request_timeout_s=float(bench.request_timeout_s),
-                   min_accept_length=float(bench.min_accept_length), baseline=bool(bench.baseline))
-
-
-async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchSettings) -> dict[str, Any]:
+async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchConfig) -> dict[str, Any]:
     async with Client(limit=max(s.concurrency, 1) + 2) as http:
         client = await EngineClient.connect(http, backend, url, s.request_timeout_s)
         return await run_requests(client, prompts, s.max_new_tokens, s.concurrency, s.warmup_requests, s.repeats)
@@ -78,7 +60,7 @@ def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional
     return {"identical": same, "of": len(pairs)}
 
 
-def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchSettings,
+def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchConfig,
                   server: Callable[[str], AbstractContextManager[dict[str, Any]]], header: Mapping[str, Any],
                   eval_figure: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Measure both modes and assemble the report (nothing written, nothing raised on a bad figure).

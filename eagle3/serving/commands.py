@@ -48,14 +48,14 @@ import json
 import os
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from omegaconf import DictConfig, OmegaConf
-
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.schema import Eagle3Config, ModelConfig, PathsConfig
 from eagle3.config.secrets import redact_text
+from eagle3.config.server_schema import ServerConfig, SpeculativeConfig
 from eagle3.errors import Eagle3Error
 from eagle3.serving.engines import (
     CPU_PROFILE,
@@ -170,11 +170,10 @@ def server_venv(python: str) -> Optional[Path]:
     return Path(found).absolute().parent.parent if found else None
 
 
-def draft_errors(cfg: DictConfig, draft: PathLike, engine: str) -> list[str]:
-    """What is wrong with serving the export at `draft` on `engine` for this config (one line each)."""
+def draft_errors(model: ModelConfig, spec: SpeculativeConfig, draft: PathLike, engine: str) -> list[str]:
+    """What is wrong with serving the export at `draft` on `engine` for this target and speculation (one line each)."""
     from eagle3.draft.export import ExportError, capture_layers_of, validate_export
 
-    model, spec = cfg.model, cfg.server.speculative
     draft = str(draft)
     try:
         info = validate_export(draft, engine)
@@ -199,9 +198,8 @@ def draft_errors(cfg: DictConfig, draft: PathLike, engine: str) -> list[str]:
     return errors
 
 
-def _checked(cfg: DictConfig, engine: str, draft: Optional[PathLike]) -> Optional[str]:
+def _checked(server: ServerConfig, model: ModelConfig, engine: str, draft: Optional[PathLike]) -> Optional[str]:
     """Run every server and draft rule; the draft path to serve (None = no speculation)."""
-    server = cfg.server
     spec = server.speculative
     if spec.algorithm is None and draft is not None:
         raise ValueError(f"a draft ({draft}) was given but server.speculative.algorithm is null")
@@ -209,7 +207,7 @@ def _checked(cfg: DictConfig, engine: str, draft: Optional[PathLike]) -> Optiona
         draft = spec.draft_path
     # Absolute, so the printed command works from any directory.
     draft = None if draft is None else str(Path(str(draft)).expanduser().absolute())
-    errors = list(server_errors(server, cfg.model, draft_path=draft))
+    errors = list(server_errors(server, model, draft_path=draft))
     if server.backend != engine:
         errors.append(_line("server.backend", server.backend, f"this is the {engine} launcher", engine))
     if spec.algorithm is not None:
@@ -218,7 +216,7 @@ def _checked(cfg: DictConfig, engine: str, draft: Optional[PathLike]) -> Optiona
                                 f"the path of an export for {engine}; stage=serve finds this config's "
                                 "train output itself; or server.speculative.algorithm=null"))
         else:
-            errors.extend(draft_errors(cfg, draft, engine))
+            errors.extend(draft_errors(model, spec, draft, engine))
     if errors:
         raise ServerConfigError(errors)
     return draft if spec.algorithm is not None else None
@@ -228,33 +226,33 @@ def _num(value: Any) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
-def _interpreter(server: DictConfig) -> str:
+def _interpreter(server: ServerConfig) -> str:
     return os.path.expanduser(str(server.python))
 
 
-def _common_env(cfg: DictConfig) -> dict[str, str]:
+def _common_env(paths: PathsConfig) -> dict[str, str]:
     env = {}
-    if cfg.paths.hf_cache:
-        env["HF_HUB_CACHE"] = str(Path(cfg.paths.hf_cache).expanduser().absolute())
+    if paths.hf_cache:
+        env["HF_HUB_CACHE"] = str(Path(paths.hf_cache).expanduser().absolute())
     return env
 
 
-def _user_env(server: DictConfig) -> dict[str, str]:
+def _user_env(server: ServerConfig) -> dict[str, str]:
     return {str(k): str(v) for k, v in (server.env or {}).items()}
 
 
-def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
+def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> ServerCommand:
     """`python -m sglang.launch_server ...` for `cfg` (see the module docstring).
 
     Args:
-        cfg: The composed config (`server`, `model`, `paths`).
+        cfg: The config (`server`, `model`, `paths`); `launch_config` puts another server node in `server`.
         draft: The draft export to serve; None = `server.speculative.draft_path`.
 
     Raises:
         ServerConfigError: Every server/draft rule the config breaks, one line each.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(cfg, SGLANG, draft)
+    draft = _checked(server, model, SGLANG, draft)
     sm120 = server.profile == SM120_PROFILE
     kernels = server.kernels
     argv = [_interpreter(server), "-m", SGLANG_MODULE, "--model-path", str(model.path)]
@@ -303,7 +301,7 @@ def sglang_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerC
         if spec.algorithm == EAGLE3 and spec.eagle_topk == 1:
             env["SGLANG_ENABLE_SPEC_V2"] = "1"
     argv += [str(a) for a in server.extra_args]
-    env.update(_common_env(cfg))
+    env.update(_common_env(cfg.paths))
     env.update(_user_env(server))
     return ServerCommand(SGLANG, argv, env, str(server.host), int(server.port), draft)
 
@@ -342,7 +340,7 @@ def _hidden_state_flags(export: HiddenStateExport) -> list[str]:
             "--kv-transfer-config", json.dumps(transfer, separators=(",", ":")), "--no-enable-prefix-caching"]
 
 
-def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
+def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
                  hidden_states: Optional[HiddenStateExport] = None) -> ServerCommand:
     """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (the module docstring); as `sglang_command`.
 
@@ -351,7 +349,7 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
     method and the given connector, and `server.speculative` is not used.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(cfg, VLLM, draft)
+    draft = _checked(server, model, VLLM, draft)
     argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
     if model.revision:
         argv += ["--revision", str(model.revision)]
@@ -397,23 +395,31 @@ def vllm_command(cfg: DictConfig, draft: Optional[PathLike] = None,
                 "not found on PATH; vLLM's CPU build is started with <venv>/lib/libiomp5.so "
                 "of the server's environment preloaded", "the path of the vLLM environment's python")])
         env["LD_PRELOAD"] = str(venv / IOMP_LIBRARY)
-    env.update(_common_env(cfg))
+    env.update(_common_env(cfg.paths))
     env.update(_user_env(server))
     return ServerCommand(VLLM, argv, env, str(server.host), int(server.port), draft)
 
 
-def launch_config(cfg: DictConfig, node: str) -> DictConfig:
-    """A copy of `cfg` whose `server` is the server node at `node` (`generate.server`, `extract.server`).
+def launch_config(cfg: Eagle3Config, node: str, *, speculative: bool = True) -> Eagle3Config:
+    """`cfg` with `server` replaced by a copy of the server node at `node` (`generate.server`, `extract.server`).
 
     The launcher reads `server`; the stages that launch a server of their own (generate, extract)
-    hand it this copy, so `server`, the engine that serves the draft, is never theirs.
+    hand it this, so `server`, the engine that serves the draft, is never theirs. `speculative=False`
+    launches that node with `speculative.algorithm` off (bench's baseline, an extraction server).
+    `cfg` is not changed; the other nodes are shared with it, not copied (the launcher only reads them).
     """
-    launch = copy.deepcopy(cfg)
-    launch.server = copy.deepcopy(OmegaConf.select(launch, node, throw_on_missing=True))
-    return launch
+    found: Any = cfg
+    for part in node.split("."):
+        found = getattr(found, part)
+    if not isinstance(found, ServerConfig):
+        raise TypeError(f"{node} is not a server node (a {type(found).__name__})")
+    server = copy.deepcopy(found)
+    if not speculative:
+        server.speculative.algorithm = None
+    return replace(cfg, server=server)
 
 
-def build_command(cfg: DictConfig, draft: Optional[PathLike] = None) -> ServerCommand:
+def build_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> ServerCommand:
     """The command for `server.backend` (sglang or vllm); see `sglang_command`/`vllm_command`."""
     builders = {SGLANG: sglang_command, VLLM: vllm_command}
     backend = cfg.server.backend

@@ -13,7 +13,7 @@ error is one line: what happened, the pid, the log's error line, the log file, i
 
 No orphans, even after kill -9 of the job: a watchdog process (`eagle3.serving.watchdog`, whose
 docstring says why it and not a parent-death signal) stops the server's whole group when the job
-dies, whatever killed it. And with `records_dir` (stages pass `records_dir(cfg)`, i.e.
+dies, whatever killed it. And with `records_dir` (stages pass `records_dir(cfg.paths)`, i.e.
 `<paths.root>/.servers/`), the running server is recorded in `<host>-<port>.json` (pid, process
 group, port, command line, start time, the job's pid and host, the watchdog's pid), written
 atomically at launch and removed on a clean stop. A rerun -- a new Hydra run directory, but the
@@ -46,9 +46,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Optional, TextIO, Union
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts.atomic import atomic_write_json
+from eagle3.config.schema import Eagle3Config, PathsConfig
 from eagle3.errors import Eagle3Error
 from eagle3.serving import exits, leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
@@ -101,9 +100,9 @@ def check_health(urls: Sequence[str], backend: str, timeout_s: float = 10.0, pol
     return [str(u).rstrip("/") for u in urls]
 
 
-def records_dir(cfg: DictConfig) -> Path:
-    """Where the servers launched under this config's artifact root are recorded (module docstring)."""
-    return Path(str(cfg.paths.root)).expanduser().resolve() / SERVERS_DIR
+def records_dir(paths: PathsConfig) -> Path:
+    """Where the servers launched under this artifact root are recorded (module docstring)."""
+    return Path(str(paths.root)).expanduser().resolve() / SERVERS_DIR
 
 
 class ServerProcess:
@@ -119,7 +118,7 @@ class ServerProcess:
         handle_sigterm: While running (main thread only), turn SIGTERM/SIGHUP sent to this
             process into SystemExit so the server is stopped on the way out; restored on stop.
         records_dir: Where to record the server, and look for one an earlier job left on this
-            port (`records_dir(cfg)`); None = no record.
+            port (`records_dir(cfg.paths)`); None = no record.
 
     Example:
         with ServerProcess(build_command(cfg), run_dir / "sglang.log", startup_timeout_s=600) as server:
@@ -424,7 +423,7 @@ class ServerProcess:
 
 
 @contextlib.contextmanager
-def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLike] = None,
+def server_endpoints(cfg: Eagle3Config, run_dir: PathLike, draft: Optional[PathLike] = None,
                      echo: Optional[TextIO] = None, connect_timeout_s: float = 10.0) -> Iterator[list[str]]:
     """Base URLs of the configured server(s) for the duration of the block.
 
@@ -433,7 +432,7 @@ def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLik
     `run_dir/<backend>-<port>.log` (`ServerCommand.log_name`), and stopped when the block ends.
 
     Args:
-        cfg: The composed config.
+        cfg: The config whose `server` to launch or connect to (`launch_config` picks another node).
         run_dir: This job's directory (the server log goes there).
         draft: The draft export to serve; None = `server.speculative.draft_path`.
         echo: Where to echo the server log too (None = file only).
@@ -446,5 +445,5 @@ def server_endpoints(cfg: DictConfig, run_dir: PathLike, draft: Optional[PathLik
     command = build_command(cfg, draft)
     log_path = Path(run_dir) / command.log_name
     with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo,
-                       records_dir=records_dir(cfg)) as proc:
+                       records_dir=records_dir(cfg.paths)) as proc:
         yield [proc.url]

@@ -36,7 +36,6 @@ run directory.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import logging
 import time
@@ -44,7 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.config_dict import config_dict
@@ -57,7 +56,6 @@ from eagle3.reports.loggers import log_report
 from eagle3.serving.benchmark import (
     SPECULATIVE,
     BenchmarkFailed,
-    BenchSettings,
     failure_message,
     run_benchmark,
 )
@@ -114,32 +112,27 @@ def resolve_bench_draft(cfg: DictConfig, ctx: StageContext, unit: str) -> Option
     return _unit_inputs(cfg, ctx, unit)["train"].directory / EXPORT_DIR / str(cfg.server.backend)
 
 
-def _mode_config(cfg: DictConfig, mode: str) -> DictConfig:
-    """The config of one benchmarked server: `baseline` = the target alone."""
-    mode_cfg = copy.deepcopy(cfg)
-    if mode != SPECULATIVE:
-        OmegaConf.update(mode_cfg, "server.speculative.algorithm", None, merge=False)
-    return mode_cfg
-
-
 @contextlib.contextmanager
 def _server(cfg: DictConfig, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
     """`{"url", "command"}` of the server for `mode`, launched (and stopped) unless connecting."""
-    from eagle3.serving.commands import build_command
+    from eagle3.serving.commands import build_command, launch_config
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
-    server = cfg.server
+    settings = ctx.config
+    server = settings.server
     if _connect_mode(cfg):
-        urls = list(server.urls) if mode == SPECULATIVE else list(cfg.bench.baseline_urls)
+        urls = list(server.urls) if mode == SPECULATIVE else list(settings.bench.baseline_urls)
         healthy = check_health(urls, str(server.backend), timeout_s=30.0)
         yield {"url": healthy[0], "command": None, "launched": False}
         return
-    command = build_command(_mode_config(cfg, mode), draft if mode == SPECULATIVE else None)
+    # The baseline is the target alone: the same server with speculation off.
+    launch = launch_config(settings, "server", speculative=mode == SPECULATIVE)
+    command = build_command(launch, draft if mode == SPECULATIVE else None)
     log_path = ctx.run_dir / f"bench-{mode}-{command.backend}.log"
     log.info("bench: starting the %s server: %s (log %s)", mode, command.shell(), log_path)
     started = time.perf_counter()
-    with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
-                       records_dir=records_dir(cfg)) as proc:
+    with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
+                       records_dir=records_dir(settings.paths)) as proc:
         log.info("bench: %s server ready at %s after %.0f s", mode, proc.url, time.perf_counter() - started)
         yield {"url": proc.url, "command": command.shell(), "launched": True,
                "startup_s": time.perf_counter() - started, "log": str(log_path)}
@@ -171,7 +164,7 @@ def benchmark(cfg: DictConfig, ctx: StageContext, unit: str, prompts: list[dict]
     k = int(server.speculative.num_steps)
     header = {"dataset": unit, "algorithm": server.speculative.algorithm, "k": k,
               "draft": None if draft is None else str(draft), "connect_mode": _connect_mode(cfg)}
-    return run_benchmark(str(server.backend), prompts, BenchSettings.from_config(cfg.bench),
+    return run_benchmark(str(server.backend), prompts, ctx.config.bench,
                          lambda mode: _server(cfg, ctx, mode, draft), header, _eval_figure(cfg, ctx, unit, k))
 
 

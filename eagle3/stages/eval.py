@@ -70,7 +70,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
                                             revision=m.revision, cache_dir=config.paths.hf_cache,
                                             text_config_key=m.text_config_key)
     with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
-        make_source = stack.enter_context(online_states(cfg, ctx.run_dir)) if online(cfg) else None
+        make_source = stack.enter_context(online_states(ctx.config, ctx.run_dir)) if online(cfg) else None
         eval_set = split_dataset(states, "eval", make_source)
         simulated = simulated_acceptance(geometry, draft, head, config.train, eval_set, ev.ks,
                                          batch_tokens=config.train.batch_tokens)

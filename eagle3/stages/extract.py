@@ -95,7 +95,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     job = UnitJob(merged_dir=merged.directory, store_dir=store_dir(cfg), spec=store_spec(cfg), shard=ex.shard,
                   num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
                   disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
-                  open_source=lambda: open_states(cfg, ctx.run_dir))
+                  open_source=lambda: open_states(ctx.config, ctx.run_dir))
     return unit_summary(job, out, run_extraction(job, out))
 
 

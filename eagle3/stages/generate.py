@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -118,7 +118,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     if earlier:
         log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
                  unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
-    return generate_file(cfg, unit, prep.directory / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
+    return generate_file(ctx.config, unit, prep.directory / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
                          total=prep.counts.get("out"), earlier=earlier)
 
 
@@ -131,27 +131,28 @@ class GenerateStage(UnitStage):
     stopped afterwards -- also on error or Ctrl-C. It serves the target alone unless
     `generate.server.speculative.draft_path` names a draft (speculation does not change what is
     sampled, only how fast). The launcher reads `server`, so it gets a copy of the config whose
-    `server` is `generate.server` (`eagle3.serving.commands.launch_config`, as extract's server).
+    `server` is `generate.server` (`eagle3.serving.commands.launch_config`, as extract's server);
+    the units then run with a config whose `generate.server.urls` are the launched server's.
     """
 
     def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+        ctx = ctx.with_settings(cfg)
         if not ctx.force:
             for unit in self.units(cfg):
                 self._reopen_holes(cfg, ctx, unit)
-        server = cfg.generate.server
-        if cfg.generate.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
+        settings = ctx.config
+        server = settings.generate.server
+        if settings.generate.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
             return super().__call__(cfg, ctx)
         from eagle3.serving.commands import launch_config
         from eagle3.serving.process import server_endpoints
 
-        launch = launch_config(cfg, "generate.server")
-        if server.speculative.draft_path is None:
-            OmegaConf.update(launch, "server.speculative.algorithm", None, merge=False)
-        log.info("generate: launching %s for %s (log in %s)", server.backend, cfg.model.path, ctx.run_dir)
+        launch = launch_config(settings, "generate.server", speculative=server.speculative.draft_path is not None)
+        log.info("generate: launching %s for %s (log in %s)", server.backend, settings.model.path, ctx.run_dir)
         with server_endpoints(launch, ctx.run_dir) as urls:
-            connected = copy.deepcopy(cfg)
-            OmegaConf.update(connected, "generate.server.urls", list(urls), merge=False)
-            return super().__call__(connected, ctx)
+            connected = copy.deepcopy(settings)
+            connected.generate.server.urls = list(urls)
+            return super().__call__(cfg, replace(ctx, settings=connected))
 
     def _reopen_holes(self, cfg: DictConfig, ctx: StageContext, unit: str) -> None:
         """Take a complete unit an earlier version finished with `request_failed` rejects back to running.

@@ -66,8 +66,9 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     out = out or sys.stdout
-    states = bool(cfg.serve.hidden_states)
-    server = cfg.extract.server if states else cfg.server
+    settings = ctx.config
+    states = settings.serve.hidden_states
+    server = settings.extract.server if states else settings.server
     key = "extract.server" if states else "server"
     if server.urls:
         urls = check_health(list(server.urls), str(server.backend))
@@ -79,24 +80,24 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     if states:
         from eagle3.extract.sources import exchange_dir, extraction_command
 
-        command = extraction_command(cfg, ctx.run_dir)
-        what = f"{command.backend} at {command.url}, handing out hidden states into {exchange_dir(cfg)}"
+        command = extraction_command(settings, ctx.run_dir)
+        what = f"{command.backend} at {command.url}, handing out hidden states into {exchange_dir(settings.extract)}"
     else:
-        command = build_command(cfg, resolve_draft(cfg, ctx))
+        command = build_command(settings, resolve_draft(cfg, ctx))
         what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
-    if cfg.serve.dry_run:
+    if settings.serve.dry_run:
         print(f"# eagle3 serve: {what} (dry run: nothing launched)", file=out)
         print(command.shell(), file=out, flush=True)
         return []
 
     if states:
-        exchange_dir(cfg).mkdir(parents=True, exist_ok=True)
+        exchange_dir(settings.extract).mkdir(parents=True, exist_ok=True)
     log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)
     try:
-        with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s),
-                           echo=sys.stderr, records_dir=records_dir(cfg)) as proc:
+        with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
+                           echo=sys.stderr, records_dir=records_dir(settings.paths)) as proc:
             print(f"# eagle3 serve: ready at {proc.url} (OpenAI API {proc.url}/v1); Ctrl-C stops it",
                   file=out, flush=True)
             log.info("serve: %s ready at %s (pid %s)", command.backend, proc.url, proc.pid)

@@ -74,7 +74,7 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
     if not online(cfg):
         yield training_sets(inputs)
         return
-    with online_states(cfg, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
+    with online_states(ctx.config, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
         sets = training_sets(inputs, make_source)
         try:
             yield sets
