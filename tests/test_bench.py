@@ -16,7 +16,7 @@ import pytest
 from eagle3.artifacts import StageOutput
 from eagle3.stages import CHAIN, STANDALONE, StageContext, check_config
 from eagle3.reports.bench import render_markdown, write_bench_report
-from eagle3.serving.benchmark import BenchmarkFailed
+from eagle3.serving.benchmark import BenchmarkFailed, outputs_match
 from eagle3.serving.engine_metrics import (
     parse_prometheus,
     sglang_accept_length_from_meta,
@@ -208,6 +208,9 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
     assert report["phases"]["baseline"]["output_tokens"] == report["phases"]["speculative"]["output_tokens"] == 60
     assert report["speedup"] == pytest.approx(report["speculative_tokens_per_s"] / report["baseline_tokens_per_s"])
     assert report["outputs_match"] == {"identical": 5, "of": 5}
+    ids = report["output_ids"]  # per mode, per prompt in prompt_ids order: what outputs_match compared
+    assert set(ids) == {"baseline", "speculative"} and len(ids["baseline"]) == len(report["prompt_ids"]) == 5
+    assert ids["baseline"] == ids["speculative"] and all(len(row) == 12 for row in ids["baseline"])
     assert report["eval"] is None  # no train/eval output under this root
     files = write_bench_report(report, tmp_path / "out")
     assert json.loads(files["json"].read_text())["status"] == "ok"
@@ -308,3 +311,9 @@ def test_the_launched_baseline_is_the_benchmarked_server_with_speculation_off(tm
     assert log_path == tmp_path / "run" / "bench-baseline-sglang.log" and timeout == 42.0
     assert records == (tmp_path / "root").resolve() / ".servers"
     assert ctx.config.server.speculative.algorithm == cfg.server.speculative.algorithm == "EAGLE3"
+
+
+def test_outputs_match_counts_identical_prompts_and_declines_what_it_cannot_compare():
+    assert outputs_match([[1, 2], [3]], [[1, 2], [4]]) == {"identical": 1, "of": 2}
+    assert outputs_match([[1, 2]], [[1, 2], [3]]) is None  # not the same prompts
+    assert outputs_match(None, [[1]]) is None and outputs_match([], []) is None

@@ -20,6 +20,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.conversation import check_conversation
+from eagle3.serving.benchmark import outputs_match
 from tests.conftest import run_cli, unit_dirs
 from tests.vllm_env import assert_stopped as _assert_stopped
 from tests.vllm_env import free_port as _free_port
@@ -110,17 +111,26 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
     assert any(m["content"].strip() for m in assistants)
 
 
-def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(vllm_python, demo_chain):
+@pytest.fixture(scope="module")
+def default_bench(vllm_python, demo_chain):
+    """The chain's default draft benched once (both servers launched): the test below reads it, and
+    the variant tests compare their drafts' greedy outputs with its baseline's (the target alone on
+    the same server flags and prompts), so they need not launch a baseline of their own."""
+    started = time.perf_counter()
+    done, unit = _bench(demo_chain.root, python=vllm_python, port=_free_port())
+    return done, unit, time.perf_counter() - started
+
+
+def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_eval(demo_chain, default_bench):
     train_unit = demo_chain.unit("train")
     assert Manifest.load(train_unit).status == "complete"
     eval_report = json.loads((demo_chain.unit("eval") / "eval_report.json").read_text())
     in_process = eval_report["real"][str(K)]["accept_length"]
 
-    started = time.perf_counter()
-    done, unit = _bench(demo_chain.root, python=vllm_python, port=_free_port())
+    done, unit, seconds = default_bench
     report = json.loads((unit / "bench_report.json").read_text())
     summary = [line for line in done.stdout.splitlines() if line.startswith("bench: ")]
-    print(f"bench in {time.perf_counter() - started:.0f} s: {summary[-1] if summary else report}")
+    print(f"bench in {seconds:.0f} s: {summary[-1] if summary else report}")
     assert report["status"] == "ok" and report["k"] == K
     # Both servers launched by the stage; the draft is this chain's vLLM export (its data was
     # generated in-process, generate.backend=hf, and server=vllm serves it).
@@ -152,7 +162,7 @@ VARIANT_SETS = {
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANT_SETS))
-def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain, variant):
+def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain, default_bench, variant):
     """The variant's export loads in vLLM, decodes losslessly (the same greedy output as the target
     alone), and vLLM accepts what the in-process eval of the same export accepts at K=3 (a flag
     vLLM ignored would serve another layer and accept less)."""
@@ -171,16 +181,19 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain
     in_process = json.loads((eval_unit / "eval_report.json").read_text())["real"][str(K)]
     assert in_process["lossless"] is True
 
-    _, unit = _bench(root, *flags, python=vllm_python, port=_free_port())
+    # Speculative only: the target alone was measured by the default bench, on the same prompts and flags.
+    _, unit = _bench(root, *flags, "bench.baseline=false", python=vllm_python, port=_free_port())
     report = json.loads((unit / "bench_report.json").read_text())
+    baseline = json.loads((default_bench[1] / "bench_report.json").read_text())
+    assert "baseline" not in report["servers"] and report["prompt_ids"] == baseline["prompt_ids"]
     assert report["draft"] == str(train_unit / "draft" / "vllm")
     accept = report["accept"]
     print(f"{variant}: vLLM accept length {accept['accept_length']:.3f}, in-process {in_process['accept_length']:.3f}")
     assert accept["drafts"] > 0 and accept["accept_length"] > 1.05, accept
     assert abs(accept["accept_length"] / in_process["accept_length"] - 1) <= EVAL_TOLERANCE, (accept, in_process)
     # Lossless: vLLM's greedy output with the draft is the target's own, prompt for prompt.
-    match = report["outputs_match"]
-    assert match["of"] == report["num_prompts"] and match["identical"] == match["of"], match
+    match = outputs_match(baseline["output_ids"]["baseline"], report["output_ids"]["speculative"])
+    assert match is not None and match["of"] == report["num_prompts"] and match["identical"] == match["of"], match
     # SGLang is refused before anything starts: it has no such layer.
     refused = run_cli(["stage=bench", *flags, "server=sglang", f"paths.root={root}"], cwd=work)
     assert refused.returncode == 2 and "sglang cannot serve this draft layer variant" in refused.stderr

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from eagle3.config.server_schema import BenchConfig
 
 __all__ = ["BASELINE", "LIKELY_CAUSES", "MODES", "SPECULATIVE", "BenchmarkFailed",
-           "failure_message", "run_benchmark"]
+           "failure_message", "outputs_match", "run_benchmark"]
 
 log = logging.getLogger("eagle3")
 
@@ -50,14 +50,19 @@ async def _measure(backend: str, url: str, prompts: Sequence[dict], s: BenchConf
         return await run_requests(client, prompts, s.max_new_tokens, s.concurrency, s.warmup_requests, s.repeats)
 
 
-def _outputs_match(base: Mapping[str, Any], spec: Mapping[str, Any]) -> Optional[dict[str, Any]]:
-    if len(base["results"]) != len(spec["results"]):
-        return None  # not the same prompts: nothing to compare (the report says so, it does not raise)
-    pairs = [(b.get("output_ids"), s.get("output_ids")) for b, s in zip(base["results"], spec["results"], strict=True)]
-    if not pairs or any(b is None or s is None for b, s in pairs):
+def _output_ids(phase: Mapping[str, Any]) -> Optional[list[list[int]]]:
+    """The greedy tokens of each prompt (the last timed pass), or None when the engine did not return them."""
+    ids = [r.get("output_ids") for r in phase["results"]]
+    return None if any(i is None for i in ids) else [list(i) for i in ids]
+
+
+def outputs_match(base: Optional[Sequence[Sequence[int]]],
+                  spec: Optional[Sequence[Sequence[int]]]) -> Optional[dict[str, Any]]:
+    """`{"identical", "of"}` prompts whose greedy tokens agree; None when there is nothing to compare
+    (no tokens, or not the same prompts: the report says so, it does not raise)."""
+    if not base or not spec or len(base) != len(spec):
         return None
-    same = sum(1 for b, s in pairs if list(b) == list(s))
-    return {"identical": same, "of": len(pairs)}
+    return {"identical": sum(1 for b, s in zip(base, spec, strict=True) if list(b) == list(s)), "of": len(base)}
 
 
 def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchConfig,
@@ -104,7 +109,10 @@ def run_benchmark(backend: str, prompts: Sequence[dict], settings: BenchConfig,
     report["speculative_tokens_per_s"] = spec["tokens_per_s"]
     report["speedup"] = (spec["tokens_per_s"] / base["tokens_per_s"]
                          if base and base["tokens_per_s"] and spec["tokens_per_s"] else None)
-    report["outputs_match"] = _outputs_match(base, spec) if base else None
+    # Each mode's greedy tokens per prompt (in `prompt_ids` order): what `outputs_match` compares, and
+    # what a bench with `bench.baseline=false` compares against an earlier baseline of the same prompts.
+    report["output_ids"] = {mode: _output_ids(phase) for mode, phase in raw.items()}
+    report["outputs_match"] = outputs_match(report["output_ids"].get(BASELINE), report["output_ids"][SPECULATIVE])
     report["eval"] = eval_figure
     if eval_figure and eval_figure.get("accept_length") and accept is not None:
         eval_figure["relative_difference"] = (accept - eval_figure["accept_length"]) / eval_figure["accept_length"]
