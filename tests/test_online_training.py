@@ -1,8 +1,8 @@
 """`train.hidden_states=online` on the demo: the whole chain with no store, as good as store mode.
 
-Store mode is the session's default demo chain (`tests.conftest.demo_chain`); online mode runs
-`stage=all train.hidden_states=online` in the same root, so it shares the data units and adds
-its own train and eval units (~2 min on 2 cores). Same data, same schedule; the online draft trains
+Store mode is the session's demo chain (`tests.conftest.demo_chain`); online mode runs
+`stage=all train.hidden_states=online` in the same root with the chain's overrides, so it shares
+the data units and adds its own train and eval units (~1 min on 2 cores). Same data, same schedule; the online draft trains
 on fp32 states straight from the target, the store one on the bf16 store, so their accept lengths
 agree closely but not bit for bit. "No store" is checked as "the online job wrote no hidden state
 and declared none": every tensor file under the root is the one it was before, or a draft export.
@@ -34,9 +34,10 @@ class Modes:
     plans: dict[str, dict]  # stage=plan's `hidden_states.modes` per mode (store: before the online job ran)
 
 
-def _plan(root: Path, mode: str, work: Path) -> dict:
+def _plan(chain: DemoChain, mode: str, work: Path) -> dict:
+    root = chain.root
     before = set((root / "runs").iterdir())
-    done = run_cli(["stage=plan", f"train.hidden_states={mode}", f"paths.root={root}"], cwd=work)
+    done = run_cli(["stage=plan", *chain.overrides, f"train.hidden_states={mode}", f"paths.root={root}"], cwd=work)
     assert done.returncode == 0, done.stderr[-2000:]
     [run_dir] = [p for p in set((root / "runs").iterdir()) - before if p.name.endswith("_plan")]
     return json.loads((run_dir / "plan.json").read_text())["hidden_states"]["modes"]
@@ -46,15 +47,16 @@ def _plan(root: Path, mode: str, work: Path) -> dict:
 def modes(demo_chain) -> Modes:
     root, work = demo_chain.root, demo_chain.root.parent / "elsewhere"
     # The store root's plan before any online run exists in it: its online figures are estimates.
-    store_plan = _plan(root, "store", work)
+    store_plan = _plan(demo_chain, "store", work)
     tensors = _mtimes(root.rglob("*.safetensors"))
     store = _store_files(root)
     trains, evals = unit_dirs(root, "train"), unit_dirs(root, "eval")
-    done = run_cli(["stage=all", "train.hidden_states=online", f"paths.root={root}"], cwd=work)
+    done = run_cli(["stage=all", *demo_chain.overrides, "train.hidden_states=online", f"paths.root={root}"],
+                   cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
     [train] = unit_dirs(root, "train") - trains
     [evaluation] = unit_dirs(root, "eval") - evals
-    plans = {"store": store_plan, "online": _plan(root, "online", work)}
+    plans = {"store": store_plan, "online": _plan(demo_chain, "online", work)}
     return Modes(demo_chain, Manifest.load(train), Manifest.load(evaluation), tensors, store, plans)
 
 

@@ -1,7 +1,7 @@
 """The demo chain end to end through the entrypoint, and the skip-if-complete rerun.
 
-The chain is the session's default demo chain (`tests.conftest.demo_chain`, `stage=all` with no
-overrides); this test checks what it produced, then runs the same command again.
+The chain is the session's demo chain (`tests.conftest.demo_chain`: `stage=all` on the default
+data, a shorter schedule); this test checks what it produced, then runs the same command again.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_stage_all_runs_the_chain_then_skips_everything(demo_chain):
     assert 0.9 < vocab.extra["coverage_train"] <= 1.0
 
     before = {stage.name: unit_dirs(root, stage.name) for stage in CHAIN}
-    second = run_cli(["stage=all", f"paths.root={root}"], cwd=root.parent / "elsewhere")
+    second = run_cli(["stage=all", *demo_chain.overrides, f"paths.root={root}"], cwd=root.parent / "elsewhere")
     assert second.returncode == 0, second.stderr[-3000:]
     log = second.stdout + second.stderr
     for stage in CHAIN:

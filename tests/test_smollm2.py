@@ -25,6 +25,7 @@ SMALL = ("dataset.num_samples=40", "generate.max_new_tokens=48", "data.eval_size
 
 
 @pytest.mark.slow
+@pytest.mark.budget(400)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     python = vllm_python()
     built = subprocess.run([sys.executable, str(BUILD)], capture_output=True, text=True, timeout=1200)

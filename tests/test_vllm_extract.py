@@ -63,6 +63,7 @@ def _store_states(manifest: Manifest) -> dict[str, tuple]:
     return {r["id"]: store.load(r["key"]) for r in read_jsonl(Path(manifest.dir) / "keys.jsonl")}
 
 
+@pytest.mark.budget(240)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     root, python = chain
     done = _cli(root, "stage=extract", FP32)
@@ -106,6 +107,7 @@ def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     assert abs(accept["vllm"] - accept["hf"]) <= ACCEPT_TOLERANCE, accept
 
 
+@pytest.mark.budget(240)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_online_training_through_vllm_runs_the_chain_without_a_store(chain):
     root, python = chain
     stores_before = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").exists() \

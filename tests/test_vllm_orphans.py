@@ -93,6 +93,7 @@ class Job:
         self.proc.wait(timeout=30)
 
 
+@pytest.mark.budget(150)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_kill_9_leaves_no_vllm_server_behind(tmp_path):
     python, port = vllm_python(), free_port()
     record_path = tmp_path / "artifacts" / ".servers" / f"{socket.gethostname()}-{port}.json"
