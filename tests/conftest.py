@@ -244,11 +244,11 @@ def kill_9_when(cmd: list[str], ready, cwd: Path, env: dict, timeout_s: float, p
 
 
 #: The shared demo chain's training: the default data and stages, a shorter schedule (3 TTT steps,
-#: 4 epochs, eval at K=3 only): ~50 s of training and eval instead of ~170 s, for an in-process
+#: 4 epochs with the in-training eval after the last, eval at K=3 only): ~50 s of training and eval instead of ~170 s, for an in-process
 #: accept length of ~2.7 at K=3 (default schedule: 2.81). The tests on it compare modes and engines
 #: at the same schedule (online vs store, vLLM vs in-process), which is what they check; the default
 #: schedule's eval line is in BENCHMARKS.md, and test_config composes and validates the defaults.
-DEMO_CHAIN_TRAINING = ("train.ttt_steps=3", "train.max_epochs=4", "eval.ks=[3]")
+DEMO_CHAIN_TRAINING = ("train.ttt_steps=3", "train.max_epochs=4", "train.eval_every_n_epochs=4", "eval.ks=[3]")
 
 
 @dataclass(frozen=True)

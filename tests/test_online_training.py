@@ -87,8 +87,8 @@ def test_online_mode_writes_no_hidden_state_store(modes):
     assert train.status == "complete"
     assert train.extra["hidden_states"] == "online" and set(train.inputs) == {"merged", "vocab"}
     assert set(modes.online_eval.inputs) == {"train", "merged"}  # the eval read no store either
-    [train_states, eval_states] = train.extra["states_source"]
-    assert train_states["backend"] == "hf"
+    [train_states, eval_states] = train.extra["states_source"]  # the train split's, then the in-training eval's
+    assert train_states["backend"] == eval_states["backend"] == "hf" and eval_states["tokens"] > 0
     # The target ran over the whole train split every epoch.
     assert train_states["tokens"] == train.extra["train_tokens_per_epoch"] * train.extra["epochs"]
 
