@@ -149,7 +149,7 @@ def run_cli_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProces
 #: a performance assertion. `@pytest.mark.budget(s)` sets a test's (its call phase); fixtures that
 #: build shared state are held to FIXTURE_BUDGETS_S. EAGLE3_TEST_BUDGET_SCALE multiplies them all
 #: (a slower machine: 2; 0 turns them off).
-DEFAULT_BUDGET_S = 30.0  # a test not marked slow (the slowest took 19 s)
+DEFAULT_BUDGET_S = 45.0  # a test not marked slow (the slowest took 18-19 s)
 DEFAULT_SLOW_BUDGET_S = 120.0
 DEFAULT_FIXTURE_BUDGET_S = 60.0
 FIXTURE_BUDGETS_S = {
