@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.checks import report_config_errors
+from eagle3.config.convert import to_settings
 from eagle3.config.secrets import redact_overrides
-from eagle3.config.typed import to_settings
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.stages.dataset_files import expand_dataset_files

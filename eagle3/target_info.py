@@ -15,7 +15,7 @@ One module for the questions every stage asks of `model.path` (a hub id or a loc
   retraining a model with the same tokenizer does not invalidate tokenized data.
 
 Torch-free and cheap to import, and a leaf (it imports nothing of eagle3): config's `model=auto`
-resolvers (`eagle3.config.store`) and the model rules (`eagle3.draft.rules`) read configs through it.
+resolvers (`eagle3.config.registration`) and the model rules (`eagle3.draft.rules`) read configs through it.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def default_out() -> Path:
     """`model.path` of conf/experiment/smollm2.yaml (the one place that names the directory)."""
     from omegaconf import OmegaConf
 
-    from eagle3.config.store import register_configs
+    from eagle3.config.registration import register_configs
 
     register_configs()
     node = OmegaConf.load(ROOT / "conf" / "experiment" / "smollm2.yaml")

@@ -19,7 +19,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import eagle3.config  # noqa: F401  (registers the schema and resolvers)
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.paths import CONF_DIR
 from eagle3.serving.commands import build_command
 from eagle3.serving.process import ServerProcess

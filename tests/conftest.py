@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 

@@ -31,8 +31,9 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 __all__ = ["FaultPlan", "MockChatServer", "TOO_LONG_MARKER", "conversation_key"]
 
@@ -166,7 +167,7 @@ class MockChatServer:
             self.max_inflight.clear()
             self.bodies.clear()
 
-    def start(self) -> "MockChatServer":
+    def start(self) -> MockChatServer:
         """Serve from a daemon thread; returns self (with `url` set)."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -217,7 +218,7 @@ class MockChatServer:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def __enter__(self) -> "MockChatServer":
+    def __enter__(self) -> MockChatServer:
         return self.start() if self._loop is None else self
 
     def __exit__(self, *exc: Any) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.data.adapters import ADAPTERS as DATASET_SCHEMAS
 from eagle3.data.adapters import ADAPTERS, AdapterError, convert, raw_id, resolve_columns
+from eagle3.data.adapters import ADAPTERS as DATASET_SCHEMAS
 from eagle3.data.conversation import (
     ConversationError,
     check_conversation,

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import StageOutput
-from eagle3.stages import CHAIN, STANDALONE, StageContext, check_config
-from eagle3.reports.bench import render_markdown, write_bench_report
+from eagle3.reports.bench_report import render_markdown, write_bench_report
 from eagle3.serving.benchmark import BenchmarkFailed, outputs_match
 from eagle3.serving.engine_metrics import (
     parse_prometheus,
@@ -24,6 +23,7 @@ from eagle3.serving.engine_metrics import (
     vllm_accept_length,
     vllm_spec_counters,
 )
+from eagle3.stages import CHAIN, STANDALONE, StageContext, check_config
 from eagle3.stages import bench as bench_mod
 from eagle3.stages.bench import BENCH, benchmark
 from tests.conftest import compose_config

@@ -156,8 +156,8 @@ def test_validation_loads_no_torch():
 
 
 def test_every_server_backend_has_a_generation_backend():
+    from eagle3.engines import SERVER_BACKENDS
     from eagle3.generation.factory import BACKENDS
-    from eagle3.serving.engines import SERVER_BACKENDS
 
     assert tuple(BACKENDS) == SERVER_BACKENDS
 
@@ -374,7 +374,7 @@ def test_registry_entries_load_the_stage_they_name():
 
 
 def test_sweep_job_dirnames_stay_one_short_directory_name():
-    from eagle3.config.store import JOB_DIRNAME_MAX, job_dirname
+    from eagle3.config.registration import JOB_DIRNAME_MAX, job_dirname
 
     assert job_dirname("data.scale=64") == "data.scale=64"
     assert job_dirname("server.python=.vllm-venv/bin/python") == "server.python=.vllm-venv_bin_python"

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.errors import EXIT_STAGE_ERROR, Eagle3Error
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams

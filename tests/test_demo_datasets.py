@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import eagle3
+from eagle3.chat_formats import kimi as kf
 from eagle3.demo import conversations as convs
 from eagle3.demo import corpus
 from eagle3.demo import datasets as ds
-from eagle3.chat_formats import kimi as kf
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import eagle3
+from eagle3.chat_formats import kimi as kf
 from eagle3.demo import conversations as convs
 from eagle3.demo import evaluation as ev
-from eagle3.chat_formats import kimi as kf
 
 TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
 TEMPLATE = Path(eagle3.__file__).parent / "assets" / "chat_templates" / "kimi_k25.jinja"

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.draft.export import ExportError, capture_layers_of, export_draft
 from eagle3.draft.fit import draft_geometry, export_engines
 from eagle3.draft.geometry import GeometryRefusal, config_geometry, geometry_refusals
 from eagle3.draft.model import Eagle3Draft
+from eagle3.engines import ENGINES
 from eagle3.paths import asset_path
-from eagle3.serving.engines import ENGINES
 from eagle3.stages import REGISTRY, check_config
 from tests.conftest import compose_config, run_cli
 
@@ -202,7 +202,7 @@ def test_the_acceptance_line_plans_and_trains_a_two_layer_draft_exported_for_vll
 def test_vllm_serves_the_two_layer_draft(two_layer_chain, tmp_path):
     """vLLM 0.32's CPU build loads the 2-capture export (fc 2 x 256 -> 256 from num_aux_hidden_states)
     and speculates with it; a fc sized for vLLM's default 3 would fail the weight load."""
-    from eagle3.config.typed import to_settings
+    from eagle3.config.convert import to_settings
     from eagle3.serving.commands import build_command
     from eagle3.serving.engine_metrics import vllm_spec_counters
     from eagle3.serving.process import ServerProcess

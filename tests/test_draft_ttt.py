@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.attention import DraftKVCache, apply_rope, rope_cos_sin, ttt_attention
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.ttt import teacher_targets, ttt_forward
 
 

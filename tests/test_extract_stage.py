@@ -22,8 +22,8 @@ import eagle3.extract.writer as writer_mod
 import eagle3.stages.extract as extract_stage
 from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
 from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
-from eagle3.extract.preflight import DiskSpaceError
 from eagle3.extract.dataset import HiddenStateDataset, StatesNotStored
+from eagle3.extract.preflight import DiskSpaceError
 from eagle3.extract.store import HiddenStateStore, ShardCorrupt, StoreMissing
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config

@@ -28,7 +28,7 @@ from eagle3.chat_formats.kimi import (
     TOOL_CALLS_BEGIN,
     TOOL_CALLS_END,
 )
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.generation import pipeline
 from eagle3.generation.factory import make_backend

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from eagle3.config.schema import ExtractHTTPConfig
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.draft.target_weights import load_final_norm, rms_norm
 from eagle3.extract import vllm_connector
 from eagle3.extract.sources import PLUGIN_MODULE, exchange_dir, extraction_command, vllm_layer_ids

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3.data.draft_vocab import VocabMapping, count_masked_tokens, coverage, select_draft_tokens
 from eagle3.data.mixture import Candidate, split_mixture, token_hash
-from eagle3.data.vocab import VocabMapping, count_masked_tokens, coverage, select_draft_tokens
 
 
 def pool(sizes: dict[str, int]) -> list[Candidate]:

@@ -171,8 +171,8 @@ def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):
 
 
 def test_unfinished_output_is_reported_running_and_plan_is_standalone(tmp_path):
-    from eagle3.stages.demo_data import DEMO_DATA
     from eagle3.planning.chain import locate
+    from eagle3.stages.demo_data import DEMO_DATA
     from eagle3.stages.plan import ConfigChain
 
     cfg = compose_config(["stage=plan", f"paths.root={tmp_path}", *DEMO])

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from tests.test_render_masks import decode, masked_runs, settings, tok  # noqa: F401  (fixture)
-
 from eagle3.data.render import tokenize_conversation
+from tests.test_render_masks import decode, masked_runs, settings, tok  # noqa: F401  (fixture)
 
 PROMPT = [{"role": "user", "content": "Explain heapq.heappush."}]
 

@@ -13,9 +13,9 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
+from eagle3.chat_formats import kimi as kf
 from eagle3.data.render import Reject, RenderSettings, generated_spans, render, tokenize_conversation
 from eagle3.demo import conversations as demo_convs
-from eagle3.chat_formats import kimi as kf
 from eagle3.paths import asset_path
 
 TOKENIZER_DIR = asset_path("demo_target")

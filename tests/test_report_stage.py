@@ -17,9 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
+from eagle3.reports.sweep_report import PLOT_FILES, REPORT_FILES, render_markdown, table
 from eagle3.stages import StageContext, check_config, stage_names, stages_to_run
-from eagle3.reports.sweep import PLOT_FILES, REPORT_FILES, render_markdown, table
 from eagle3.sweeps.collect import build_report, resolve_sweep_dir
 from eagle3.sweeps.collect import report_sweep as write_sweep_report
 from eagle3.sweeps.jobs import JOB_FILE

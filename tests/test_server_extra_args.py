@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.serving.commands import ServerConfigError, build_command
 from eagle3.serving.rules import RULED_FLAGS, extra_arg_flags
 from eagle3.stages import check_config

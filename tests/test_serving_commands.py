@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
 from eagle3.draft.model import Eagle3Draft

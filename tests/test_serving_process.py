@@ -23,7 +23,7 @@ from typing import Optional
 
 import pytest
 
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.serving.commands import ServerCommand
 from eagle3.serving.process import ServerError, ServerProcess, check_health, server_endpoints
 from eagle3.stages import StageContext

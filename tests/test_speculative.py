@@ -18,15 +18,15 @@ import torch
 from eagle3.demo.corpus import DEMO_TARGET_PATH
 from eagle3.demo.datasets import demo_prompts_records
 from eagle3.draft.geometry import geometry_from_target
-from eagle3.target_info import read_config as target_text_config
 from eagle3.draft.model import Eagle3Draft
-from eagle3.reports.eval import write_eval_report
 from eagle3.draft.speculative import (
     Eagle3Drafter,
     evaluate_speculative,
     greedy_generate,
     speculative_generate,
 )
+from eagle3.reports.eval_report import write_eval_report
+from eagle3.target_info import read_config as target_text_config
 
 CAPTURE = (2, 4, 5)
 DRAFT_VOCAB = 2048
@@ -248,7 +248,7 @@ def test_eos_and_length_limits(target, draft, prompts):
 def test_report_files(tmp_path, target, draft, prompts):
     real = evaluate_speculative(target, draft, prompts[:2], ks=(2, 3), max_new_tokens=8, eos_ids=[EOS],
                                 capture_layers=CAPTURE)
-    # The layout stages/eval.py writes: simulated TTT metrics (int keys, as pooled_eval returns them).
+    # The layout stages/eval.py writes: simulated TTT metrics (int keys, as evaluate_pooled returns them).
     report = {"dataset": "demo", "real": real, "prompt_ids": ["a", "b"],
               "simulated": {"acc": [0.7, 0.6, 0.5, 0.4], "sim_accept_len": 2.4,
                             "sim_accept_len_by_k": {1: 1.7, 2: 2.12, 3: 2.33, 4: 2.4}}}

@@ -122,7 +122,7 @@ def import_layers() -> dict[str, tuple[int, str]]:
 
 
 def part_of(module: str) -> str:
-    """The part of eagle3 a module belongs to in the layer table: `eagle3.config.store` -> `eagle3.config`."""
+    """The part of eagle3 a module belongs to in the layer table: `eagle3.config.registration` -> `eagle3.config`."""
     return ".".join(module.split(".")[:2])
 
 
@@ -228,6 +228,25 @@ def test_modules_stay_readable_and_stage_modules_stay_wiring():
     assert not too_long
 
 
+#: Module names that may repeat, each a convention rather than a clash: a package's `__init__`, each
+#: package's `rules` (the validation rules it registers), and a stage module named for its stage
+#: (`eagle3.stages.eval` wires stage eval; the domain modules it calls are named for what they do).
+SHARED_MODULE_NAMES = {"__init__", "rules"}
+
+
+def test_module_names_are_unique_outside_the_stage_registry():
+    """`bench.py` in four packages made every traceback and import a riddle: a name says which module it is."""
+    by_name: dict[str, list[str]] = {}
+    for name in MODULES:
+        if not name.startswith("eagle3.stages."):
+            by_name.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    clashes = {base: names for base, names in by_name.items() if len(names) > 1 and base not in SHARED_MODULE_NAMES}
+    assert clashes == {}
+    stage_modules = {name.rsplit(".", 1)[-1] for name in MODULES if name.startswith("eagle3.stages.")}
+    assert {"bench", "eval", "plan"} <= stage_modules  # the exemption is used, so the check above is not vacuous
+    assert len(by_name["rules"]) >= 5
+
+
 @pytest.mark.parametrize("pattern,why", [
     (r"\bfcntl\b", "locks are eagle3.artifacts.locks (filelock)"),
     (r"\burllib\.request\b|^\s*import urllib\b|\bhttp\.client\b", "HTTP is eagle3.serving.http (aiohttp)"),
@@ -310,7 +329,7 @@ NOT_USER_FACING = {
     "eagle3.data.special_text.SpecialTextError": "record",
     "eagle3.generation.openai_chat.BadResponse": "record (one reply; retried, then the record is rejected)",
     # Caught where raised and turned into a config error or an Eagle3Error naming the server.
-    "eagle3.config.store.DerivedValueError": "config rule",
+    "eagle3.config.registration.DerivedValueError": "config rule",
     "eagle3.serving.http.HTTPFailure": "transport (callers name the server and the stage)",
     "eagle3.extract.vllm_client._Retry": "private",
     "eagle3.extract.vllm_client._Refused": "private",

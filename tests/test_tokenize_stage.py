@@ -17,13 +17,12 @@ from pathlib import Path
 
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
 from eagle3.data.render import RenderSettings
+from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
 from eagle3.demo import conversations as demo_convs
 from eagle3.paths import asset_path
 from eagle3.stages import StageContext
 from eagle3.stages.merge import MERGE
-from eagle3.stages.prep import PREP
-from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
-from eagle3.stages.prep import CONVERSATIONS_FILE
+from eagle3.stages.prep import CONVERSATIONS_FILE, PREP
 from eagle3.stages.tokenize import TOKENIZE, TOKENIZED_FILE
 from tests.conftest import RUN_PY, compose_config
 

@@ -7,7 +7,7 @@ domain package (docs/design.md, 'Import layers'): the domain rules live with the
 and are handed to `validate.validate_config` by `eagle3.stages`.
 """
 
-from eagle3.config.store import register_configs
+from eagle3.config.registration import register_configs
 
 register_configs()
 

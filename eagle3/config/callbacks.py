@@ -24,8 +24,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.checks import ConfigErrors, report_config_errors
+from eagle3.config.convert import config_dict
 from eagle3.config.secrets import Finding, find_secrets, find_secrets_in_overrides
-from eagle3.config_dict import config_dict
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE
 
 

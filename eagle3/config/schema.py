@@ -64,7 +64,7 @@ class ModelConfig:
 
     `model=auto` (conf/model/auto.yaml) needs only `path`: name, layer count, widths, capture
     layers and the draft's fc and vocab are derived from the checkpoint's config.json
-    (`eagle3.config.store.checkpoint_value`); the other options spell them out.
+    (`eagle3.config.registration.checkpoint_value`); the other options spell them out.
     """
 
     name: str = MISSING

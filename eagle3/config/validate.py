@@ -22,11 +22,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.convert import config_dict, to_settings
+from eagle3.config.registration import DerivedValueError, resolution_cause
 from eagle3.config.schema import Eagle3Config
 from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
-from eagle3.config.store import DerivedValueError, resolution_cause
-from eagle3.config.typed import to_settings
-from eagle3.config_dict import config_dict
 
 #: A config rule: appends one line per violation of the typed config to the errors (`eagle3.stages.config_rules`).
 Rule = Callable[[Eagle3Config, ConfigErrors], None]

@@ -1,10 +1,11 @@
 """How good a trained draft is, on the weights a server would load: simulated and real acceptance.
 
 (a) Simulated: per-step top-1 agreement of the exported draft with the target on the eval
-split's stored states, and `1 + sum prod acc` (`pooled_eval`). (b) Real: greedy speculative
-decoding in-process with the HF target on held-out prompts, chain drafting of K tokens for each
-K (`speculative`), tokens per target forward, speedup over plain greedy decoding, and whether
-the output equals plain greedy decoding token for token (it must).
+split's stored states, and `1 + sum prod acc` (`evaluate_pooled`: pooled over every counted
+prediction, since per-batch accuracies averaged over batches would weight a short sample like a
+long one). (b) Real: greedy speculative decoding in-process with the HF target on held-out
+prompts, chain drafting of K tokens for each K (`speculative`), tokens per target forward,
+speedup over plain greedy decoding, and whether the output equals plain greedy decoding token for token (it must).
 """
 
 from __future__ import annotations
@@ -12,13 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from eagle3.config.schema import TrainConfig
+from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.batching import collate_padded, fetch, plan_token_batches
 
-__all__ = ["LossyDecoding", "load_eval_draft", "real_acceptance", "simulated_acceptance"]
+if TYPE_CHECKING:
+    from eagle3.extract.dataset import SplitDataset
+
+__all__ = ["LossyDecoding", "evaluate_pooled", "load_eval_draft", "real_acceptance", "simulated_acceptance"]
 
 
 class LossyDecoding(RuntimeError):
@@ -45,9 +51,8 @@ def load_eval_draft(export_dir: Path, target_path: str, *, revision: Optional[st
 
 def simulated_acceptance(geometry: Any, draft: Any, head: torch.Tensor, train: TrainConfig,
                          eval_set: Any, ks: Sequence[int], batch_tokens: int) -> dict[str, Any]:
-    """Per-step agreement on the eval split, over max(train steps, max K) steps (`pooled_eval`)."""
+    """Per-step agreement on the eval split, over max(train steps, max K) steps (`evaluate_pooled`)."""
     from eagle3.draft.lightning_module import DraftModule
-    from eagle3.draft.pooled_eval import evaluate_pooled
 
     module = DraftModule(geometry, head, replace(train, ttt_steps=max(train.ttt_steps, max(int(k) for k in ks))))
     module.draft.load_state_dict(draft.state_dict())
@@ -90,3 +95,32 @@ def real_acceptance(target_path: str, draft: Any, prompts: Sequence[Sequence[int
     if lossy:
         raise LossyDecoding(f"speculative decoding differed from greedy decoding at K={lossy}: a bug")
     return real
+
+
+@torch.no_grad()
+def evaluate_pooled(module, dataset: SplitDataset, batch_tokens: int) -> dict[str, Any]:
+    """Per-step agreement, KL and simulated accept length of `module` (a DraftModule) on `dataset`."""
+    steps = module.steps
+    correct, counted = torch.zeros(steps), torch.zeros(steps)
+    loss_sum, loss_tokens = torch.zeros(steps), torch.zeros(steps)
+    was_training = module.training
+    module.eval()
+    for batch_ids in plan_token_batches([int(n) for n in dataset.lengths], batch_tokens):
+        batch = collate_padded(fetch(dataset, batch_ids))
+        batch = {k: v.to(module.device) for k, v in batch.items()}
+        out = module.run_batch(batch)
+        n = len(out.step_loss)
+        correct[:n] += out.correct.float().cpu()
+        counted[:n] += out.counted.float().cpu()
+        loss_sum[:n] += (out.step_loss * out.loss_tokens).float().cpu()
+        loss_tokens[:n] += out.loss_tokens.float().cpu()
+    module.train(was_training)
+    acc = (correct / counted.clamp(min=1)).tolist()
+    return {
+        "acc": [round(a, 5) for a in acc],
+        "step_kl": [round(x, 5) for x in (loss_sum / loss_tokens.clamp(min=1)).tolist()],
+        "sim_accept_len": round(simulated_accept_length(acc), 4),
+        "sim_accept_len_by_k": {k: round(simulated_accept_length(acc[:k]), 4) for k in range(1, steps + 1)},
+        "counted": [int(c) for c in counted.tolist()],
+        "samples": len(dataset),
+    }

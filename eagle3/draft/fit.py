@@ -22,8 +22,8 @@ from eagle3.config.schema import Eagle3Config, ModelConfig
 from eagle3.draft.geometry import DraftGeometry, engines_refusing, geometry_from_target
 from eagle3.draft.options import AUTO_PRECISION
 from eagle3.dtypes import cpu_has_native_bf16
+from eagle3.engines import ENGINES
 from eagle3.errors import Eagle3Error
-from eagle3.serving.engines import ENGINES
 from eagle3.target_info import CONFIG_FILE, TargetConfigError, read_config, resolve_dir
 from eagle3.threads import ranks_share_cores
 
@@ -80,8 +80,8 @@ def build_trainer(config: Eagle3Config, run_dir: Path, unit_dir: Path, data_call
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
+    from eagle3.draft.batching import FitSummaryCallback
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
-    from eagle3.draft.data import FitSummaryCallback
     from eagle3.draft.progress import ProgressLines, interactive
     from eagle3.tracking import job_loggers
 
@@ -154,7 +154,7 @@ def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: t
     """
     import lightning as L
 
-    from eagle3.draft.data import DraftDataModule
+    from eagle3.draft.batching import DraftDataModule
     from eagle3.draft.lightning_module import DraftModule
     from eagle3.draft.target_weights import load_embedding_and_head
 

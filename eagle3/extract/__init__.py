@@ -17,7 +17,7 @@ Modules, in the order data flows through them:
 Importing this package is cheap; most submodules import torch (and transformers, lazily).
 """
 
-from eagle3.serving.engines import IN_PROCESS, VLLM
+from eagle3.engines import IN_PROCESS, VLLM
 
 #: `extract.backend`: where hidden states come from (`eagle3.extract.sources`).
 BACKENDS = (IN_PROCESS, VLLM)

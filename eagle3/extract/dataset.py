@@ -40,7 +40,7 @@ class SplitDataset(Dataset):
 
     Attributes:
         split_file: The merged `train.jsonl` / `eval.jsonl`.
-        lengths: `[N]` token counts of the samples, for the length-bucketing samplers (`eagle3.draft.data`).
+        lengths: `[N]` token counts of the samples, for the length-bucketing samplers (`eagle3.draft.batching`).
     """
 
     split_file: Path

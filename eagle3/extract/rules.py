@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import Eagle3Config
+from eagle3.engines import VLLM
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
-from eagle3.serving.engines import VLLM
 from eagle3.serving.rules import check_server
 
 

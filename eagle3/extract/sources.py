@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 import numpy as np
 import torch
 
+from eagle3.engines import IN_PROCESS, VLLM
 from eagle3.extract.capture import LayerCapture, capture_samples
 from eagle3.extract.target import DecoderParts
-from eagle3.serving.engines import IN_PROCESS, VLLM
 
 if TYPE_CHECKING:
     from eagle3.config.schema import Eagle3Config, ExtractConfig, ModelConfig

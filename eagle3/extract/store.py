@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from eagle3.artifacts import file_sha256, fingerprint
+from eagle3.engines import IN_PROCESS
 from eagle3.errors import Eagle3Error
 from eagle3.extract import codec, formats
-from eagle3.serving.engines import IN_PROCESS
 
 log = logging.getLogger("eagle3")
 

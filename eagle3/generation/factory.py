@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
+from eagle3.engines import ENGINES, IN_PROCESS
 from eagle3.generation.types import GenerationBackend
-from eagle3.serving.engines import ENGINES, IN_PROCESS
 
 if TYPE_CHECKING:
     from eagle3.config.schema import Eagle3Config

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig
+from eagle3.engines import ENGINES, SERVER_BACKENDS
 from eagle3.generation.http_settings import ENDPOINT_STRATEGIES
 from eagle3.generation.openai_chat import RESERVED_BODY_FIELDS
 from eagle3.generation.regenerate import LENGTH_POLICIES
-from eagle3.serving.engines import ENGINES, SERVER_BACKENDS
 from eagle3.serving.rules import check_server
 
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Optional
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
 from eagle3.config.schema import Eagle3Config
 from eagle3.draft.options import HIDDEN_STATE_MODES, ONLINE, STORE
+from eagle3.engines import IN_PROCESS
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.forwards import forward_passes
 from eagle3.planning.view import ChainView
-from eagle3.serving.engines import IN_PROCESS
 
 if TYPE_CHECKING:
     from eagle3.stages.base import UnitStage

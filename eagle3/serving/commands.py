@@ -56,8 +56,7 @@ from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import Eagle3Config, ModelConfig, PathsConfig
 from eagle3.config.secrets import redact_text
 from eagle3.config.server_schema import ServerConfig, SpeculativeConfig
-from eagle3.errors import Eagle3Error
-from eagle3.serving.engines import (
+from eagle3.engines import (
     CPU_PROFILE,
     EAGLE3,
     HEALTH_PATHS,
@@ -69,6 +68,7 @@ from eagle3.serving.engines import (
     VLLM,
     VLLM_MODULE,
 )
+from eagle3.errors import Eagle3Error
 from eagle3.serving.rules import KERNELS, MEM_FRACTION, RULED_FLAGS, extra_arg_flags, server_errors
 
 __all__ = [

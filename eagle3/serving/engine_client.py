@@ -12,13 +12,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from eagle3.engines import VLLM
 from eagle3.serving.engine_metrics import (
     sglang_accept_length_from_meta,
     sglang_accept_length_from_server_info,
     vllm_accept_length,
     vllm_spec_counters,
 )
-from eagle3.serving.engines import VLLM
 from eagle3.serving.http import Client, HTTPFailure, served_model
 
 __all__ = ["EngineClient", "accept_length_of", "run_requests"]

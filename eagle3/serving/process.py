@@ -48,10 +48,10 @@ from typing import IO, Optional, TextIO, Union
 
 from eagle3.artifacts.atomic import atomic_write_json
 from eagle3.config.schema import Eagle3Config, PathsConfig
+from eagle3.engines import HEALTH_PATHS
 from eagle3.errors import Eagle3Error
 from eagle3.serving import exits, leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
-from eagle3.serving.engines import HEALTH_PATHS
 from eagle3.serving.exits import ServerError, ServerExited
 from eagle3.serving.http import HTTPFailure, request_sync
 

@@ -21,7 +21,7 @@ from eagle3.config.schema import Eagle3Config, ModelConfig
 from eagle3.config.server_schema import ServerConfig
 from eagle3.draft.geometry import config_refusals
 from eagle3.draft.options import LAYER_VARIANTS
-from eagle3.serving.engines import (
+from eagle3.engines import (
     CPU_PROFILE,
     EAGLE,
     EAGLE3,

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manifest, StageOutput, log_summary
 from eagle3.artifacts.verify import check_reusable
+from eagle3.config.convert import to_settings
 from eagle3.config.schema import Eagle3Config
-from eagle3.config.typed import to_settings
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 

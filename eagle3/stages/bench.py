@@ -46,13 +46,13 @@ from typing import Any, Optional
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
-from eagle3.config_dict import config_dict
+from eagle3.config.convert import config_dict
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
-from eagle3.reports import bench as bench_report
-from eagle3.reports.eval import REPORT_FILES as EVAL_REPORT_FILES
-from eagle3.reports.files import copy_files
+from eagle3.reports import bench_report
+from eagle3.reports.eval_report import REPORT_FILES as EVAL_REPORT_FILES
 from eagle3.reports.loggers import log_report
+from eagle3.reports.output import copy_files
 from eagle3.serving.benchmark import (
     SPECULATIVE,
     BenchmarkFailed,

@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
-from eagle3.reports import eval as eval_report
-from eagle3.reports.files import copy_files
+from eagle3.reports import eval_report
 from eagle3.reports.loggers import log_report
+from eagle3.reports.output import copy_files
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.train import EXPORT_DIR, TRAIN, online
 

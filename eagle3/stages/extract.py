@@ -101,7 +101,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
 
 def dry_run(cfg: DictConfig) -> str:
     """The plan's disk estimate (printed by `extract.dry_run=true`)."""
-    from eagle3.config.typed import to_settings
+    from eagle3.config.convert import to_settings
     from eagle3.planning.forwards import dry_run_lines
 
     ex = cfg.extract

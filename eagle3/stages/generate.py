@@ -27,12 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts import STATUS_COMPLETE, STATUS_RUNNING, Manifest, StageOutput
 from eagle3.artifacts.locks import exclusive_lock
 from eagle3.artifacts.stage_output import unit_lock_path
-from eagle3.config_dict import config_dict
+from eagle3.config.convert import config_dict
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
+from eagle3.engines import ENGINES
 from eagle3.generation.pipeline import generate_file
 from eagle3.generation.reuse import EarlierGenerations
 from eagle3.generation.types import RETRYABLE_REJECT_REASONS
-from eagle3.serving.engines import ENGINES
 from eagle3.stages.base import StageContext, UnitStage, require
 from eagle3.stages.intake import Intake
 from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads either)

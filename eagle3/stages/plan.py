@@ -3,7 +3,7 @@
 Standalone (never part of `stage=all`). The plan itself -- every chain stage's units, their
 output directories and status, samples, tokens, generated tokens, the hidden-state store in bf16
 and fp8, training token-epochs and the disk check, each figure with its basis -- is
-`eagle3.planning`; its renderings are `eagle3.reports.plan`. No model, tokenizer or dataset is
+`eagle3.planning`; its renderings are `eagle3.reports.plan_report`. No model, tokenizer or dataset is
 loaded and nothing outside the run directory is written: the point is to see a multi-TB plan
 before committing GPUs and disks to it.
 
@@ -22,8 +22,8 @@ from typing import Any, Optional, cast
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, atomic_write_json, atomic_write_text
-from eagle3.config.store import CHECKPOINT_RESOLVER, TARGET_KEYS
-from eagle3.config_dict import config_dict
+from eagle3.config.convert import config_dict
+from eagle3.config.registration import CHECKPOINT_RESOLVER, TARGET_KEYS
 from eagle3.stages.base import StageContext, StandaloneStage, UnitStage
 
 PLAN_JSON = "plan.json"
@@ -82,7 +82,7 @@ def plan_data(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
 
 def plan(cfg: DictConfig, ctx: StageContext, out=None) -> dict[str, Any]:
     """Print the plan, write plan.json and plan.md to the run directory; returns the plan data."""
-    from eagle3.reports.plan import render_markdown, render_text
+    from eagle3.reports.plan_report import render_markdown, render_text
 
     out = out or sys.stdout
     data = plan_data(cfg, ctx)

@@ -31,8 +31,8 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
+from eagle3.config.convert import config_dict
 from eagle3.config.schema import DatasetSourceConfig
-from eagle3.config_dict import config_dict
 from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
 from eagle3.stages.base import StageContext, UnitStage, require

@@ -2,7 +2,7 @@
 
 Standalone (not part of `stage=all`). `report.sweep_dir` names the sweep (a path, or a name under
 `${paths.root}/multirun`); null = the newest sweep there. Writes `sweep_report.{md,json}` and the
-plots (`eagle3.sweeps.collect`, `eagle3.reports.sweep`) into the sweep directory and the run
+plots (`eagle3.sweeps.collect`, `eagle3.reports.sweep_report`) into the sweep directory and the run
 directory, prints the table, and logs every job's row as metrics (step = job number) and the
 PNGs to the job's loggers -- with W&B in the sweep's group (the sweep directory's name, as the
 sweep's own jobs get).
@@ -27,7 +27,7 @@ log = logging.getLogger("eagle3")
 def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     """Write, print and log the sweep report; returns no manifests (nothing to reuse)."""
     from eagle3.reports.loggers import log_report
-    from eagle3.reports.sweep import PLOT_FILES, table
+    from eagle3.reports.sweep_report import PLOT_FILES, table
     from eagle3.sweeps.collect import job_metrics, report_sweep, resolve_sweep_dir
     from eagle3.tracking import job_loggers
 

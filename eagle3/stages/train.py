@@ -26,7 +26,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.config_dict import config_dict
+from eagle3.config.convert import config_dict
 from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
 from eagle3.draft.options import ONLINE
 from eagle3.reports.loggers import log_report
@@ -90,7 +90,7 @@ def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tu
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    from eagle3.draft.pooled_eval import evaluate_pooled
+    from eagle3.draft.evaluate import evaluate_pooled
     from eagle3.tracking import job_loggers
 
     t = ctx.config.train

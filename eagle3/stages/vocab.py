@@ -32,7 +32,7 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     # torch/numpy load here, not at import: stage=plan walks every stage and loads no model code.
-    from eagle3.data.vocab import build_vocab
+    from eagle3.data.draft_vocab import build_vocab
 
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
     return build_vocab(out, merged.directory / TRAIN_FILE, merged.directory / EVAL_FILE, int(cfg.model.vocab_size),

@@ -9,7 +9,7 @@ the manifests they name -- never a tracking service -- and assembles:
   (merge), samples extracted vs reused from the hidden-state store (extract), training wall time
   and tokens/s (train), simulated τ and real τ per K with per-position acceptance (eval's
   `eval_report.json`), and the job's status;
-* the report as plain data (what `sweep_report.json` holds), which `eagle3.reports.sweep` renders
+* the report as plain data (what `sweep_report.json` holds), which `eagle3.reports.sweep_report` renders
   into the markdown table and three PNGs (τ vs data scale, per-position acceptance per job,
   training tokens and wall time per job).
 
@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from eagle3.artifacts import STATUS_COMPLETE, Manifest
 from eagle3.errors import Eagle3Error
-from eagle3.reports.eval import REPORT_FILES as EVAL_REPORT_FILES
+from eagle3.reports.eval_report import REPORT_FILES as EVAL_REPORT_FILES
 from eagle3.sweeps.jobs import JOB_FILE, parse_overrides, read_job_record
 
 __all__ = ["JOB_AXIS", "MULTIRUN_DIR", "SCALE_KEY", "SweepNotFound", "build_report", "find_sweeps", "job_dirs",
@@ -392,13 +392,13 @@ def job_metrics(row: Mapping[str, Any], prefix: str = "report/") -> dict[str, fl
 
 def report_sweep(sweep_dir: str | os.PathLike[str], out_dirs: Sequence[str | os.PathLike[str]] = (),
                  x: Optional[str] = None) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Build the report of `sweep_dir` and write it there and into each of `out_dirs` (`eagle3.reports.sweep`).
+    """Build the report of `sweep_dir` and write it there and into each of `out_dirs` (`eagle3.reports.sweep_report`).
 
     Returns:
         The report and the paths written in the sweep directory, by kind (json, md, tau,
         acceptance, train).
     """
-    from eagle3.reports.sweep import write_sweep_report
+    from eagle3.reports.sweep_report import write_sweep_report
 
     report = build_report(sweep_dir, x=x)
     return report, write_sweep_report(report, Path(report["sweep_dir"]), out_dirs)

@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from eagle3.reports.figures import new_figure, png_bytes
-from eagle3.reports.files import copy_files, write_report_files
-from eagle3.reports.text import fmt, md_cell
+from eagle3.reports.output import copy_files, fmt, md_cell, new_figure, png_bytes, write_report_files
 
 __all__ = ["PLOT_FILES", "REPORT_FILES", "render_markdown", "render_plots", "table", "write_sweep_report"]
 

@@ -1,8 +1,8 @@
 """Benchmark extraction and the loader (the numbers in BENCHMARKS.md).
 
 Usage:
-    python -m eagle3.extract.bench --demo-samples 200            # demo conversations, demo target
-    python -m eagle3.extract.bench --merged DIR [overrides ...]  # a merge unit directory
+    python -m eagle3.extract.storage_speed --demo-samples 200            # demo conversations, demo target
+    python -m eagle3.extract.storage_speed --merged DIR [overrides ...]  # a merge unit directory
 
 For each storage format it extracts into a fresh store in a temporary directory (nothing is
 reused, so the timing is real and the user's outputs are untouched), reads the train split back
@@ -25,7 +25,7 @@ from hydra import compose, initialize_config_dir
 
 import eagle3.config  # noqa: F401  (registers the schema and resolvers)
 from eagle3.artifacts import StageOutput, format_bytes
-from eagle3.config.typed import to_settings
+from eagle3.config.convert import to_settings
 from eagle3.extract.dataset import HiddenStateDataset
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.sources import HFStates

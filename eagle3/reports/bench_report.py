@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from eagle3.reports.figures import label_bars, new_figure, png_bytes
-from eagle3.reports.files import write_report_files
-from eagle3.reports.text import fmt as _fmt
+from eagle3.reports.output import fmt as _fmt
+from eagle3.reports.output import label_bars, new_figure, png_bytes, write_report_files
 
 __all__ = ["REPORT_FILES", "metrics", "render_markdown", "summary_line", "write_bench_report"]
 

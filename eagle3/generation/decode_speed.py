@@ -2,7 +2,7 @@
 
 The stage's own throughput (in the generate manifest, `extra.this_run`) mixes decode speed with
 how long the conversations are; this isolates the decode loop, so thread and batch settings
-can be compared on one machine: `python -m eagle3.generation.bench --threads 1`.
+can be compared on one machine: `python -m eagle3.generation.decode_speed --threads 1`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The report dict (what `eagle3.draft.evaluate` assembles; every key optional):
 
 * `real`: `speculative.evaluate_speculative`'s result, `{str(K): {...}}` (`per_k` is accepted too);
-* `simulated`: TTT metrics on held-out data (`pooled_eval.evaluate_pooled`): `acc` (top-1
+* `simulated`: TTT metrics on held-out data (`eagle3.draft.evaluate.evaluate_pooled`): `acc` (top-1
   agreement per step), `sim_accept_len`, optionally `sim_accept_len_by_k` (`{K: value}`). The
   simulated accept length at K drafted tokens is `sim_accept_len_by_k[K]` when present, else
   `1 + sum_{k<K} prod_{j<=k} acc_j` (`acceptance.simulated_accept_length(acc[:K])`);
@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.draft.acceptance import simulated_accept_length
-from eagle3.reports.figures import new_figure, png_bytes
-from eagle3.reports.files import write_report_files
-from eagle3.reports.text import fmt as _fmt
+from eagle3.reports.output import fmt as _fmt
+from eagle3.reports.output import new_figure, png_bytes, write_report_files
 
 __all__ = ["REPORT_FILES", "metrics", "render_markdown", "write_eval_report"]
 
