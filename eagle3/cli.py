@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.checks import report_config_errors
 from eagle3.config.convert import to_settings
-from eagle3.config.secrets import redact_overrides
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
 from eagle3.stages import StageContext, check_config, stages_to_run
 from eagle3.stages.dataset_files import expand_dataset_files
@@ -40,10 +39,9 @@ def _job_identity(cfg: DictConfig) -> dict[str, Any]:
     sweep_dir = None
     if hc.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hc.sweep.dir).expanduser().resolve())
-    # A secret override keeps its key and loses its value (the entrypoint refuses them; a library caller may not).
     # HydraConfig.get() is a DictConfig, typed as the HydraConf dataclass (whose JobConf has no .get).
     return {"job_num": hc.job.get("num"),  # type: ignore[attr-defined]
-            "sweep_dir": sweep_dir, "overrides": redact_overrides(hc.overrides.task),
+            "sweep_dir": sweep_dir, "overrides": list(hc.overrides.task),
             "experiment": hc.runtime.choices.get("experiment"),
             "data_scale": OmegaConf.select(cfg, "data.scale"), "dataset": str(cfg.dataset.name)}
 
