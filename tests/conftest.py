@@ -49,17 +49,24 @@ def compose_config(overrides: list[str] | None = None) -> DictConfig:
 CLI_TIMEOUT_S = 1800
 
 
-def _cheap(args: list[str]) -> bool:
-    """A job that composes, validates and at most plans: nothing in it needs a process of its own."""
-    return "stage=plan" in args or "--cfg" in args
+def _needs_own_process(args: list[str]) -> bool:
+    """A job whose behaviour depends on being a process of its own: it launches a server (whose
+    watchdog and `.servers/` record name the job's pid), spawns ranks that rerun the entrypoint
+    (DDP), runs a sweep (joblib's workers import the task by module name) or logs to W&B (its
+    service process belongs to the job). Every other job runs scripts/run.py's code in this process."""
+    text = " ".join(args)
+    return ("vllm" in text or "sglang" in text or "logger=wandb" in text or "ddp" in text
+            or any(a in ("-m", "--multirun") or a.startswith("hydra/launcher=") for a in args)
+            or any(a.startswith("train.devices=") and a != "train.devices=1" for a in args))
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = CLI_TIMEOUT_S, in_process: bool | None = None,
             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose): in a subprocess, or for a
-    `stage=plan` or `--cfg` job (`in_process=None`) in this one (`run_cli_in_process`); `unset`:
-    environment variables the subprocess does not inherit."""
-    if in_process or (in_process is None and _cheap(args) and not unset):
+    """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose): in this process
+    (`run_cli_in_process`: ~0.5 s instead of ~5 s of interpreter and imports per job) unless the job
+    needs its own (`_needs_own_process`, or `in_process=False`); `unset`: environment variables the
+    job does not see (a subprocess then)."""
+    if in_process or (in_process is None and not _needs_own_process(args) and not unset):
         return run_cli_in_process(args, cwd)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
@@ -116,9 +123,10 @@ def _job_process_state(argv: list[str], cwd: Path):
 
 
 def run_cli_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """`run_cli` without a new interpreter (~0.5 s instead of ~5 s), for jobs that only compose,
-    validate and plan: scripts/run.py's own code runs, from `cwd`, its output captured; what the
-    job changes in the process is put back. Jobs that train or launch servers use `run_cli`.
+    """`run_cli` without a new interpreter (~0.5 s instead of ~5 s): scripts/run.py's own code runs,
+    from `cwd`, its output captured; what the job changes in the process is put back (argv, cwd,
+    environment, logging, torch's threads, the lock bound, Hydra's global state).
+    `test_cli.py` checks that a job gives the same exit code, output and files either way.
     """
     global _ENTRYPOINT, _last_in_process_start
     if _ENTRYPOINT is None:

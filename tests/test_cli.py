@@ -41,8 +41,8 @@ def test_cfg_job_prints_composed_config(cli):
 
 
 def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
-    """Tests run `stage=plan` and `--cfg` jobs in-process (tests.conftest.run_cli_in_process): the same
-    exit code and lines as the interpreter gives, and the test process as it was."""
+    """Tests run jobs in-process (tests.conftest.run_cli_in_process): the same exit code and lines as
+    the interpreter gives, and the test process as it was."""
     import torch
 
     threads = torch.get_num_threads()
@@ -57,6 +57,27 @@ def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
             inside_lines = _plan_lines((inside.stdout + inside.stderr).replace("inside", "alone"))
             assert inside_lines == _plan_lines(alone.stdout + alone.stderr), args
     assert torch.get_num_threads() == threads  # cpu_threads=1 set it in the job, not for the tests after
+
+
+def test_a_stage_job_run_in_process_writes_what_its_own_interpreter_writes(tmp_path):
+    """Stage jobs run in-process too (all but those `tests.conftest._needs_own_process` names): the
+    same exit code, the same unit directories byte for byte, and a one-line error the same way."""
+    args = ["stage=demo_data", "dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=8"]
+    roots = {mode: tmp_path / mode for mode in ("alone", "inside")}
+    for mode, in_process in (("alone", False), ("inside", True)):
+        done = run_cli([*args, f"paths.root={roots[mode]}"], cwd=tmp_path, in_process=in_process)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def files(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "demo_data").rglob("*"))
+                if p.is_file() and p.name != "manifest.json"}
+
+    assert files(roots["inside"]) == files(roots["alone"]) and len(files(roots["alone"])) >= 1
+    bad = ["stage=prep", "dataset=demo_prompts", "generate.backend=nope"]
+    alone = run_cli([*bad, f"paths.root={roots['alone']}"], cwd=tmp_path, in_process=False)
+    inside = run_cli([*bad, f"paths.root={roots['inside']}"], cwd=tmp_path, in_process=True)
+    assert inside.returncode == alone.returncode == 2
+    assert inside.stderr.replace("inside", "alone") == alone.stderr
 
 
 def _plan_lines(log: str) -> list[str]:

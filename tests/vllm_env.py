@@ -23,9 +23,19 @@ VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON", str(PROJECT_ROOT / ".vllm-ven
 EAGER = "--enforce-eager"
 
 
+#: vLLM's CPU platform runs its one worker in a process of its own unless V1 multiprocessing is off;
+#: with it off and the uni executor, the worker runs inside the engine core process: one interpreter
+#: (and one import of vLLM and torch) fewer per start, ~6 s of ~20 on 2 cores (BENCHMARKS.md). The
+#: API server and the engine core stay two processes of one group, as the orphan test expects.
+ONE_WORKER_PROCESS = "--distributed-executor-backend,uni"  # two list elements: flag, value
+ONE_WORKER_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
 def launch_overrides(python: str, port: int, node: str = "server") -> list[str]:
-    """The overrides that launch the server of config node `node` from the test environment, eager."""
-    return [f"{node}.python={python}", f"{node}.port={port}", f"{node}.extra_args=[{EAGER}]"]
+    """The overrides that launch the server of config node `node` from the test environment: eager,
+    its worker inside the engine core."""
+    return [f"{node}.python={python}", f"{node}.port={port}", f"{node}.extra_args=[{EAGER},{ONE_WORKER_PROCESS}]",
+            f"+{node}.env.{ONE_WORKER_ENV}='0'"]
 
 
 def vllm_python() -> str:

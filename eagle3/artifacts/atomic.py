@@ -5,6 +5,10 @@ outputs in place, a rerun could find a half-written file under the final name an
 it. Every write therefore goes to a temporary file in the same directory (same filesystem,
 so the rename is atomic), is flushed and fsynced, and only then renamed over the target;
 the directory is fsynced so the rename itself survives a power loss.
+
+A directory that must appear whole (a draft export: config and weights read together) is built
+under a temporary sibling name and swapped in the same way (`atomic_directory`); the siblings a
+killed writer left are removed by the next writer once their pid is gone.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "TMP_MARKER",
+    "atomic_directory",
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -154,3 +161,63 @@ def file_sha256(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> str:
                 break
             digest.update(block)
     return digest.hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only, nothing is sent
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename the complete new directory over `path`, keeping the old one until then.
+
+    A crash between the two renames leaves no `path` and both directories under hidden temporary
+    names; a half-written directory is never under the final name.
+    """
+    if path.exists():
+        old = temp_path_for(path)
+        os.replace(path, old)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.replace(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def _sweep_stale_siblings(path: Path) -> None:
+    """Remove temporary siblings of `path` whose writer is dead (a killed export leaves GBs)."""
+    pattern = re.compile(re.escape(f".{path.name}{TMP_MARKER}") + r"(\d+)-")
+    for sibling in path.parent.iterdir():
+        match = pattern.match(sibling.name)
+        if match and sibling.is_dir() and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(sibling, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary sibling directory of `path`; swap it in whole if the body returns.
+
+    Used outside unit directories too (`eagle3.draft.export.export_draft` is a library call), so
+    it cleans up after itself: the temporary directory goes if the body raises (and `path` keeps
+    what it had), and siblings left by writers that were killed go after a successful swap.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _swap_into_place(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _sweep_stale_siblings(path)

@@ -9,9 +9,6 @@ old export in one rename, so a killed export leaves the previous one whole.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -21,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eagle3.artifacts import atomic_path, atomic_write_json, file_sha256
-from eagle3.artifacts.atomic import TMP_MARKER, fsync_dir, temp_path_for
+from eagle3.artifacts.atomic import atomic_directory
 from eagle3.draft.export_format import (
     ARCHITECTURE,
     CONFIG_NAME,
@@ -252,45 +249,6 @@ def _refuse_foreign_dir(out_dir: Path) -> None:
                           "refusing to replace it")
 
 
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """Rename the complete new export over `out_dir`, keeping the old one until then.
-
-    A crash between the two renames leaves no `out_dir` and both exports under hidden
-    temporary names; a half-written directory is never under the final name.
-    """
-    if out_dir.exists():
-        old = temp_path_for(out_dir)
-        os.replace(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except BaseException:
-            os.replace(old, out_dir)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-    fsync_dir(out_dir.parent)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only, nothing is sent
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _sweep_stale_temps(out_dir: Path) -> None:
-    """Remove temporary siblings of `out_dir` left by killed exports (they hold GBs)."""
-    pattern = re.compile(re.escape(f".{out_dir.name}{TMP_MARKER}") + r"(\d+)-")
-    for sibling in out_dir.parent.iterdir():
-        match = pattern.match(sibling.name)
-        if match and sibling.is_dir() and not _pid_alive(int(match.group(1))):
-            shutil.rmtree(sibling, ignore_errors=True)
-
-
 def export_draft(draft: Union[Eagle3Draft, StateDict], out_dir: Union[str, Path], engine: str, *,
                  geometry: Optional[DraftGeometry] = None, dtype: str = "bfloat16",
                  include_embedding: bool = False, extra_metadata: Optional[Mapping[str, Any]] = None) -> Path:
@@ -333,18 +291,10 @@ def export_draft(draft: Union[Eagle3Draft, StateDict], out_dir: Union[str, Path]
         raise ExportError(f"{where}: {EMBED_KEY}: found all zeros, expected the target's embedding "
                           "(copy it in before exporting, or export without it)")
     _refuse_foreign_dir(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(out_dir)
-    tmp.mkdir()
-    try:
+    with atomic_directory(out_dir) as tmp:
         _write_weights(tensors, tmp / WEIGHTS_NAME)
         cfg = engine_config(g, engine, dtype=dtype, include_embedding=include_embedding,
                             extra_metadata=extra_metadata, weights_sha256=file_sha256(tmp / WEIGHTS_NAME))
         atomic_write_json(tmp / CONFIG_NAME, cfg)
         validate_export(tmp, engine, verify_checksum=False)  # what is on disk is what engines read
-        _swap_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _sweep_stale_temps(out_dir)
     return out_dir
