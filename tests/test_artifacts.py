@@ -655,3 +655,26 @@ def test_a_job_waiting_on_a_hung_job_exits_3_after_lock_timeout_s(cli, tmp_path:
     assert waiter.returncode == 3, waiter.stderr[-2000:]
     [line] = [x for x in waiter.stderr.splitlines() if x.startswith("eagle3: ")]
     assert f"held by pid {holder.pid} on " in line and "raise lock_timeout_s (now 1 s)" in line
+
+
+def test_atomic_directory_swaps_in_whole_keeps_the_old_on_failure_and_sweeps_dead_writers(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    with atomic_mod.atomic_directory(out) as tmp:
+        (tmp / "a.txt").write_text("one")
+        assert not out.exists()  # nothing under the final name until the body returns
+    assert (out / "a.txt").read_text() == "one"
+    with pytest.raises(RuntimeError), atomic_mod.atomic_directory(out) as tmp:
+        (tmp / "a.txt").write_text("two")
+        raise RuntimeError("killed midway")
+    assert (out / "a.txt").read_text() == "one"
+    # A sibling left by a writer that is gone (a pid no process has) goes; a live writer's stays.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = tmp_path / f".export{atomic_mod.TMP_MARKER}{int(dead.stdout)}-abcd1234"
+    live = tmp_path / f".export{atomic_mod.TMP_MARKER}{os.getpid()}-abcd1234"
+    left.mkdir()
+    live.mkdir()
+    with atomic_mod.atomic_directory(out) as tmp:
+        (tmp / "a.txt").write_text("three")
+    assert (out / "a.txt").read_text() == "three"
+    assert not left.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["export", live.name])
