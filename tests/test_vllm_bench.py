@@ -29,7 +29,7 @@ from tests.vllm_env import vllm_python as _vllm_python
 
 pytestmark = pytest.mark.slow
 
-# The bench serves the session's demo chain (`tests.conftest.demo_chain`: accept length ~2.7 at
+# The bench serves the session's demo chain (`tests.conftest.demo_chain`: accept length ~2.5 at
 # K=3 in-process, the K its eval measured).
 K = 3
 GENERATE_PROMPTS = 56
