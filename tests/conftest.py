@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,96 @@ from eagle3.stages import CHAIN
 from eagle3.stages.dataset_files import expand_dataset_files
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
+
+# --- Two workers on CI's 2 cores (pytest-xdist, `-n auto` in pyproject.toml) ---------------------
+#: The test files whose tests share the session's demo chain (`demo_chain`): one worker runs them
+#: all, so the chain is built once and no other worker adds units to its root while a test there
+#: looks for the units it made (`unit_dirs`). xdist's scheduler sees only test ids, hence a list;
+#: `pytest_collection_modifyitems` stops the run if a test elsewhere asks for the chain.
+DEMO_CHAIN_FILES = frozenset({"test_online_training.py", "test_pipeline.py", "test_vllm_bench.py"})
+DEMO_CHAIN_UNIT = "demo chain"
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or the demo chain's files together."""
+    path = nodeid.split("::", 1)[0]
+    return DEMO_CHAIN_UNIT if Path(path).name in DEMO_CHAIN_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole work units to one worker each (module fixtures are built once), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnits(config, log)
+
+
+def _worker_cores() -> set[int] | None:
+    """This xdist worker's share of the cores (worker i of n: the i-th n-th), or None outside one."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // count)
+    start = (int(worker[2:]) * share) % len(cores)
+    return set(cores[start:start + share])
+
+
+def _set_cores(cores: set[int]) -> None:
+    """Every thread of this process (execnet's too) runs on `cores`; what it starts inherits them."""
+    for thread in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(thread), cores)
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    if "torch" in sys.modules:  # else torch reads OMP_NUM_THREADS when it is imported
+        sys.modules["torch"].set_num_threads(len(cores))
+
+
+_MACHINE_CORES: set[int] = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+
+
+@contextlib.contextmanager
+def all_machine_cores() -> Iterator[None]:
+    """For a test of how jobs divide the machine's cores among themselves: this worker's pinning
+    (`pytest_configure`) is lifted while it runs, for it and what it starts."""
+    mine = set(os.sched_getaffinity(0)) if _MACHINE_CORES else set()
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if not _MACHINE_CORES or mine == _MACHINE_CORES:
+        yield
+        return
+    _set_cores(_MACHINE_CORES)
+    try:
+        yield
+    finally:
+        _set_cores(mine)
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The work units (`work_unit`) in order of their expected time, longest first: a long unit
+    started last would leave the other worker idle at the end. The same order on every worker
+    (xdist checks it) and without xdist."""
+    strays = sorted({item.path.name for item in items if "demo_chain" in item.fixturenames
+                     and item.path.name not in DEMO_CHAIN_FILES})
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use the demo_chain fixture: add them to "
+                                "tests/conftest.py::DEMO_CHAIN_FILES (one worker runs all of the chain's tests)")
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(work_unit(item.nodeid), []).append(item)
+
+    def weight(unit: str) -> float:  # slow tests by their budgets (~3x their time); the rest ~1 s each
+        return sum(_call_budget(item) if item.get_closest_marker("slow") else 1.0 for item in units[unit])
+
+    items[:] = [item for unit in sorted(units, key=weight, reverse=True) for item in units[unit]]
+
+
 # The demo chain at a size tests can afford (a minute or two on 2 cores).
 SMALL_DEMO_DATA = (
     "dataset.sources.demo_native.num_samples=12",
@@ -189,15 +280,31 @@ def _over_budget(config, what: str, took_s: float, budget_s: float) -> str | Non
 
 
 def pytest_configure(config) -> None:
+    """Each xdist worker gets its own cores, and everything it runs (in-process jobs, job and
+    server processes, DDP ranks) the same ones.
+
+    Two workers whose torch ops each take every core spend their time spin-waiting for each other
+    (two demo trainings at once on 2 cores ran ~5x slower each, BENCHMARKS.md; the first try at two
+    workers, without this, made the suite slower). With an affinity mask per worker, every process
+    below it sees its share as the machine (`eagle3.threads.machine_cores`), and OMP_NUM_THREADS
+    says so to what reads that instead (vLLM's CPU server). Here, not at import: a test's own
+    interpreter that imports this module must not be pinned."""
+    cores = _worker_cores()
+    if cores is not None:
+        _set_cores(cores)
     config.stash[_BUDGET_SCALE] = _budget_scale()  # read once; a bad one stops the run before any test
     config.addinivalue_line("markers", "budget(seconds): the longest this test's call may take on CI's machine")
 
 
+def _call_budget(item) -> float:
+    marker = item.get_closest_marker("budget")
+    return float(marker.args[0]) if marker else (
+        DEFAULT_SLOW_BUDGET_S if item.get_closest_marker("slow") else DEFAULT_BUDGET_S)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    marker = item.get_closest_marker("budget")
-    budget = float(marker.args[0]) if marker else (
-        DEFAULT_SLOW_BUDGET_S if item.get_closest_marker("slow") else DEFAULT_BUDGET_S)
+    budget = _call_budget(item)
     started = time.monotonic()
     result = yield
     message = _over_budget(item.config, item.nodeid, time.monotonic() - started, budget)

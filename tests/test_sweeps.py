@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest
-from tests.conftest import run_cli
+from tests.conftest import all_machine_cores, run_cli
 from tests.wandb_records import read_run
 
 pytestmark = pytest.mark.slow
@@ -116,17 +116,19 @@ def test_parallel_joblib_jobs_never_write_one_artifact_twice(tmp_path):
     root = tmp_path / "artifacts"
     work = tmp_path / "elsewhere"
     work.mkdir()
-    done = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=data_scale",
-                    f"data.scale={','.join(map(str, SCALES))}", *TINY, "logger=none",
-                    f"paths.root={root}"], cwd=work, unset=("OMP_NUM_THREADS",))  # the machine's cores
+    with all_machine_cores():  # the machine's cores, even under a pytest-xdist worker
+        done = run_cli(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=data_scale",
+                        f"data.scale={','.join(map(str, SCALES))}", *TINY, "logger=none",
+                        f"paths.root={root}"], cwd=work, unset=("OMP_NUM_THREADS",))
+        from eagle3.threads import machine_cores
+
+        cores = machine_cores()
     assert done.returncode == 0, done.stderr[-4000:]
     [sweep_dir] = list((root / "multirun").iterdir())
     jobs = _jobs(sweep_dir)
     assert [j["status"] for j in jobs] == ["complete", "complete"]
     # Two jobs at once share the cores instead of each taking them all (eagle3.threads).
-    from eagle3.threads import machine_cores
-
-    share = f"threads: {max(1, machine_cores() // 2)} intra-op thread"
+    share = f"threads: {max(1, cores // 2)} intra-op thread"
     job_dirs = [p.parent for p in sweep_dir.glob("*/job.json")]
     logs = ["".join(p.read_text() for p in d.glob("*.log")) for d in job_dirs]
     assert len(logs) == 2 and all(share in text and "/ 2 jobs at once" in text for text in logs), logs

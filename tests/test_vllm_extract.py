@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.extract.sources import INCOMING_DIR
 from eagle3.extract.store import HiddenStateStore
 from tests.conftest import SMALL_DEMO_DATA, run_cli
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
@@ -110,19 +111,23 @@ def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     assert abs(accept["vllm"] - accept["hf"]) <= ACCEPT_TOLERANCE, accept
 
 
+def _stores(root: Path) -> list[str]:
+    """The hidden-state stores under `root` (not the extraction servers' exchange directory)."""
+    where = root / "hidden_states"
+    return sorted(p.name for p in where.iterdir() if p.name != INCOMING_DIR) if where.exists() else []
+
+
 @pytest.mark.budget(240)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_online_training_through_vllm_runs_the_chain_without_a_store(chain):
     root, python = chain
-    stores_before = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").exists() \
-        else []
+    # The online server's exchange directory (`.incoming`) is no store; it is checked below.
+    stores_before = _stores(root)
     port = free_port()
     done = _cli(root, "stage=all", "train.hidden_states=online", *ONLINE_TRAIN, *_vllm(python, port), timeout=2400)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_stopped(port)
-    stores_after = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").exists() \
-        else []
-    assert stores_after == stores_before, "online training wrote a hidden-state store"
-    incoming = root / "hidden_states" / ".incoming"
+    assert _stores(root) == stores_before, "online training wrote a hidden-state store"
+    incoming = root / "hidden_states" / INCOMING_DIR
     assert not incoming.exists() or not any(incoming.rglob("*.safetensors"))
     trains = [Manifest.load(d) for d in (root / "train").iterdir() if d.is_dir()]
     [online] = [m for m in trains if m.extra.get("hidden_states") == "online"]
