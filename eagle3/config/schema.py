@@ -376,6 +376,11 @@ class ReportConfig:
     # x axis of the accept-length plot: null = data.scale (else the first varying override), an
     # override key that varies across the sweep's jobs, or "job" (job numbers).
     x: Optional[str] = None
+    # The accept length to reach: the data-scale curve (fitted over the sweep's jobs) says how many
+    # training samples reach it and what they cost; null = no target. At `target_k` draft tokens
+    # (null = the largest K the jobs evaluated).
+    target_tau: Optional[float] = None
+    target_k: Optional[int] = None
 
 
 @dataclass

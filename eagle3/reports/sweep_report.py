@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from eagle3.reports.output import copy_files, fmt, md_cell, new_figure, png_bytes, write_report_files
 
-__all__ = ["PLOT_FILES", "REPORT_FILES", "render_markdown", "render_plots", "table", "write_sweep_report"]
+__all__ = ["PLOT_FILES", "REPORT_FILES", "render_markdown", "render_plots", "scale_curve_lines", "scale_curve_summary",
+           "table", "target_line", "write_sweep_report"]
 
 REPORT_FILES = {"json": "sweep_report.json", "md": "sweep_report.md"}
 PLOT_FILES = {"tau": "sweep_tau.png", "acceptance": "sweep_acceptance.png", "train": "sweep_train.png"}
@@ -72,6 +73,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     for row in jobs:
         for note in row["notes"]:
             lines += [f"Job {row['job_num']}: {note}.", ""]
+    lines += scale_curve_lines(report.get("scale_curve") or {})
     axis = report["x_axis"]
     x_name = "data scale" if axis["kind"] == "scale" else axis["key"]
     lines += [f"![τ vs {x_name}]({PLOT_FILES['tau']})", "",
@@ -83,6 +85,82 @@ def render_markdown(report: Mapping[str, Any]) -> str:
               "extracted / reused = samples of the extract unit computed by this job vs found in the hidden-state "
               "store; train wall and tok/s = the training fit (tokens trained per second)."]
     return "\n".join(lines) + "\n"
+
+
+def _series_name(name: str) -> str:
+    return "simulated τ" if name == "sim" else f"real τ, K={name}"
+
+
+def scale_curve_lines(curve: Mapping[str, Any]) -> list[str]:
+    """The data-scale curve section: each series' fit, how well it predicted the largest scale from
+    the smaller ones, and the scale a target τ needs with its cost."""
+    if not curve.get("series"):
+        return [f"Data-scale curve: {curve['note']}.", ""] if curve.get("note") else []
+    lines = ["## Data-scale curve", "",
+             "τ(n) = τ_∞ − b·n^(−α) over n training samples, fitted per series (`eagle3.sweeps.scale_curve`). "
+             "*Holdout*: fitted without the largest scale, the prediction there against the measurement. "
+             "Bands: 80 % of a bootstrap that redraws each point with its eval's standard error and the "
+             "points' scatter about the curve.", "",
+             "| series | τ_∞ | b | α | rmse | holdout: fitted on | predicted | measured | error | 80 % band |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, fit in curve["series"].items():
+        hold = fit.get("holdout")
+        held = ["–"] * 5 if not hold else [
+            ", ".join(f"{n:g}" for n in hold["fitted_on"]) + f" → {hold['samples']:g}", _fmt(hold["predicted"]),
+            _fmt(hold["measured"]), f"{100 * hold['relative_error']:+.1f} %",
+            f"{hold['band'][0]:.3f}–{hold['band'][1]:.3f}" if hold["band"] else "–"]
+        lines.append(f"| {_series_name(name)} | {_fmt(fit['tau_inf'])} | {_fmt(fit['b'])} | {_fmt(fit['alpha'])} | "
+                     f"{_fmt(fit['rmse'])} | " + " | ".join(held) + " |")
+    lines.append("")
+    target = curve.get("target")
+    if target:
+        lines += [target_line(target), ""]
+    return lines
+
+
+def scale_curve_summary(curve: Mapping[str, Any]) -> list[str]:
+    """The curve in a few printed lines: each series' holdout prediction, then the target's line."""
+    if not curve.get("series"):
+        return [f"scale curve: {curve['note']}"] if curve.get("note") else []
+    lines = []
+    for name, fit in curve["series"].items():
+        hold = fit.get("holdout")
+        line = f"scale curve, {_series_name(name)}: τ_∞ {fit['tau_inf']:.3f}, α {fit['alpha']:.2f}"
+        if hold:
+            line += (f"; fitted on {', '.join(f'{n:g}' for n in hold['fitted_on'])} samples it predicts "
+                     f"{hold['predicted']:.3f} at {hold['samples']:g} (measured {hold['measured']:.3f}, "
+                     f"{100 * hold['relative_error']:+.1f} %)")
+        lines.append(line)
+    if curve.get("target"):
+        lines.append(target_line(curve["target"]))
+    return lines
+
+
+def target_line(target: Mapping[str, Any]) -> str:
+    """One line: the samples a target τ needs (with the band) and their cost, or why there is none."""
+    head = f"Target τ {target['tau']:g} ({_series_name(target['series'])})"
+    if target.get("samples") is None:
+        return f"{head}: {target['note']}."
+    band = target.get("samples_band")
+    spread = ""
+    if band:
+        low = f"{band[0]:,.0f}" if band[0] is not None else "?"
+        high = f"{band[1]:,.0f}" if band[1] is not None else "never (some resampled curves stay below it)"
+        spread = f" (80 %: {low} to {high})"
+    line = f"{head}: about {target['samples']:,.0f} training samples{spread}"
+    cost = target.get("cost") or {}
+    parts = []
+    if cost.get("generated_tokens") is not None:
+        parts.append(f"{cost['generated_tokens']:,.0f} generated tokens")
+    if cost.get("train_tokens") is not None:
+        parts.append(f"{cost['train_tokens']:,.0f} train tokens to extract")
+    if cost.get("extract_hours") is not None:
+        parts.append(f"extraction {cost['extract_hours']:.2f} h")
+    if cost.get("train_hours") is not None:
+        parts.append(f"training {cost['train_hours']:.2f} h ({cost['epochs']} epochs)")
+    if parts:
+        line += f"; at the throughputs of job {cost.get('basis_job')}: " + ", ".join(parts)
+    return line
 
 
 # ----------------------------------------------------------------------------- plots
@@ -137,6 +215,9 @@ def _plot_tau(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]]) -
         points = sorted((x, y) for x, y in zip(xs, ys, strict=True) if y is not None)
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, marker=marker, label=label)
+    curve = report.get("scale_curve") or {}
+    if axis["kind"] == "scale" and axis["numeric"] and curve.get("series"):
+        _plot_fits(ax, curve)
     if axis["log2"]:
         ax.set_xscale("log", base=2)
     ticks = sorted(set(xs))
@@ -150,6 +231,25 @@ def _plot_tau(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]]) -
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="best", fontsize=8)
     return _png(fig, report)
+
+
+def _plot_fits(ax, curve: Mapping[str, Any]) -> None:
+    """Each series' fitted curve (dotted, to twice the largest scale), the target series' 80 % band
+    and the target τ."""
+    target = curve.get("target") or {}
+    banded = target.get("series") or list(curve["series"])[-1]
+    for name, fit in curve["series"].items():
+        points = fit.get("curve") or []
+        ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=":", color="gray", linewidth=1,
+                label="fits τ_∞ − b·n^(−α)" if name == banded else None)
+        band = [p for p in points if p[2] is not None]
+        if name == banded and band:
+            ax.fill_between([p[0] for p in band], [p[2] for p in band], [p[3] for p in band], color="gray",
+                            alpha=0.15, label=f"80 % band, {_series_name(name)}")
+    if target.get("tau") is not None:
+        ax.axhline(target["tau"], color="tab:red", linewidth=0.8, linestyle="--",
+                   label=f"target τ {target['tau']:g}" + (f" ≈ {target['samples']:,.0f} samples"
+                                                          if target.get("samples") else ""))
 
 
 def _plot_acceptance(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]]) -> bytes:

@@ -9,6 +9,7 @@ sweep's own jobs get).
 
     python scripts/run.py stage=report                       # the newest sweep
     python scripts/run.py stage=report report.sweep_dir=outputs/multirun/2026-11-30_04-37-15
+    python scripts/run.py stage=report report.target_tau=4.8    # the scale that reaches τ 4.8, and its cost
 """
 
 from __future__ import annotations
@@ -27,18 +28,21 @@ log = logging.getLogger("eagle3")
 def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     """Write, print and log the sweep report; returns no manifests (nothing to reuse)."""
     from eagle3.reports.loggers import log_report
-    from eagle3.reports.sweep_report import PLOT_FILES, table
+    from eagle3.reports.sweep_report import PLOT_FILES, scale_curve_summary, table
     from eagle3.sweeps.collect import job_metrics, report_sweep, resolve_sweep_dir
     from eagle3.tracking import job_loggers
 
     out = out or sys.stdout
     config = ctx.config
     sweep = resolve_sweep_dir(config.report.sweep_dir, config.paths.root)
-    result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=config.report.x)
+    result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=config.report.x,
+                                 target_tau=config.report.target_tau, target_k=config.report.target_k)
     header, body = table(result)
     print("| " + " | ".join(header) + " |", file=out)
     for row in body:
         print("| " + " | ".join(row) + " |", file=out)
+    for line in scale_curve_summary(result["scale_curve"]):
+        print(line, file=out)
     left_out = result["excluded_from_plots"]
     print(f"report: {len(result['jobs'])} jobs of {sweep}" + (f", {len(left_out)} not plotted" if left_out else "")
           + f"; {files['md']} (copy in {ctx.run_dir})", file=out, flush=True)

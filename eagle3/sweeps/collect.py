@@ -49,11 +49,11 @@ MULTIRUN_DIR = "multirun"  # under paths.root (conf/config.yaml hydra.sweep.dir)
 REPORT_FORMAT = 1
 SCALE_KEY = "data.scale"
 JOB_AXIS = "job"  # report.x=job: one point per job number
-_STAGES = ("merge", "extract", "train", "eval")
+_STAGES = ("generate", "merge", "extract", "train", "eval")
 # Per-job figures (None until a manifest says otherwise).
 _FIGURES = ("train_samples", "train_tokens", "eval_samples", "samples_extracted", "samples_reused",
             "tokens_extracted", "tokens_reused", "epochs", "tokens_trained", "train_wall_s", "train_tokens_per_s",
-            "sim_accept_length", "eval_report")
+            "sim_accept_length", "eval_report", "generated_tokens_per_sample", "extract_tokens_per_s", "target")
 _LOG2_SPAN = 4.0  # a log2 x axis once the largest value is >= 4x the smallest
 _JOB_DIR_RE = re.compile(r"^(\d+)(?:_|$)")
 _SHOWN_SWEEPS = 5
@@ -230,7 +230,21 @@ def _eval_figures(manifest: Manifest) -> dict[str, Any]:
         "speedup": {str(k): _num(real[k].get("speedup")) for k in ks},
         "acceptance": {str(k): [float(r) for r in real[k].get("acceptance_rate") or []] for k in ks},
         "lossless": {str(k): real[k].get("lossless") for k in ks},
+        "accept_length_se": {str(k): _accept_length_se(real[k].get("counts") or {}) for k in ks},
     }
+
+
+def _accept_length_se(counts: Mapping[str, Any]) -> Optional[float]:
+    """Standard error of τ from the eval's verify forwards: each forward commits 1 + its accepted
+    drafts; `accepted[j]` counts the forwards whose first j + 1 drafts were all accepted. Forwards
+    are taken as independent (those of one prompt are not quite), so this is a floor."""
+    forwards, accepted = _int(counts.get("verify_forwards")), counts.get("accepted")
+    if not forwards or not isinstance(accepted, list) or not all(isinstance(a, (int, float)) for a in accepted):
+        return None
+    at_least = [forwards, *accepted]  # forwards committing at least m + 1 tokens, m = 0..K
+    mean = sum(at_least) / forwards
+    second = sum((2 * m + 1) * n for m, n in enumerate(at_least)) / forwards  # E[X^2] = sum (2m+1) P(X > m)
+    return math.sqrt(max(0.0, second - mean ** 2) / forwards)
 
 
 def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
@@ -238,7 +252,8 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
     row: dict[str, Any] = {"job_num": _dir_job_num(job_dir), "dir": str(job_dir), "status": "no job.json",
                            "failure": None, "overrides": [], "stage": None, "data_scale": None, "dataset": None,
                            "wall_s": None, "notes": [], **{key: None for key in _FIGURES},
-                           "real_accept_length": {}, "speedup": {}, "acceptance": {}, "lossless": {}, "sim_acc": []}
+                           "real_accept_length": {}, "speedup": {}, "acceptance": {}, "lossless": {}, "sim_acc": [],
+                           "accept_length_se": {}}
     if record is None:
         return row
     if record.get("stage") == "report":
@@ -249,7 +264,11 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
                wall_s=_num(record.get("wall_s")))
     grouped = _manifests_of(record, row["notes"])
     unit = record.get("dataset")
-    merge, extract, train, ev = (_pick(grouped, stage, unit) for stage in _STAGES)
+    generate, merge, extract, train, ev = (_pick(grouped, stage, unit) for stage in _STAGES)
+    generated, conversations = (None, None) if generate is None else (
+        _num(generate.extra.get("tokens_generated")), _int(generate.counts.get("out")))
+    if generated is not None and conversations:
+        row["generated_tokens_per_sample"] = generated / conversations
     if merge is not None:
         row.update(train_samples=_int(merge.extra.get("train_samples")),
                    train_tokens=_int(merge.extra.get("train_tokens")),
@@ -258,7 +277,9 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
         row.update(samples_extracted=_int(extract.extra.get("samples_extracted")),
                    samples_reused=_int(extract.extra.get("samples_reused")),
                    tokens_extracted=_int(extract.extra.get("tokens_extracted")),
-                   tokens_reused=_int(extract.extra.get("tokens_reused")))
+                   tokens_reused=_int(extract.extra.get("tokens_reused")),
+                   extract_tokens_per_s=_num(extract.extra.get("extract_tokens_per_s")),
+                   target=(extract.config.get("target") or {}).get("weights"))
     if train is not None:
         ex = train.extra
         if row.get("train_samples") is None:
@@ -335,14 +356,19 @@ def _x_axis(plotted: Sequence[dict[str, Any]], varying: Sequence[str], x: Option
             "values": {str(r["job_num"]): v for r, v in zip(plotted, values, strict=True)}}
 
 
-def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None) -> dict[str, Any]:
+def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, target_tau: Optional[float] = None,
+                 target_k: Optional[int] = None) -> dict[str, Any]:
     """The sweep report as plain data (what `sweep_report.json` holds).
 
     Args:
         sweep_dir: A Hydra sweep directory.
         x: x axis of the τ plot: None = data scale when every plotted job has one and it varies,
             else the first varying override (numeric ones first); an override key; or "job".
+        target_tau, target_k: the accept length to reach at K draft tokens (None = the largest K
+            evaluated): the data-scale curve says at which scale, and its cost (`scale_curve_report`).
     """
+    from eagle3.sweeps.scale_curve import scale_curve_report
+
     sweep = Path(sweep_dir).expanduser().resolve()
     rows = [row for row in (_job_row(d) for d in job_dirs(sweep)) if row is not None]
     varying, constant = _varying(rows)
@@ -372,6 +398,7 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None) -> 
         "x_axis": _x_axis(plotted, varying, x),
         "excluded_from_plots": excluded,
         "job_file": JOB_FILE,
+        "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k),  # eagle3.sweeps.scale_curve
     }
 
 
@@ -391,7 +418,8 @@ def job_metrics(row: Mapping[str, Any], prefix: str = "report/") -> dict[str, fl
 
 
 def report_sweep(sweep_dir: str | os.PathLike[str], out_dirs: Sequence[str | os.PathLike[str]] = (),
-                 x: Optional[str] = None) -> tuple[dict[str, Any], dict[str, Path]]:
+                 x: Optional[str] = None, target_tau: Optional[float] = None,
+                 target_k: Optional[int] = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """Build the report of `sweep_dir` and write it there and into each of `out_dirs` (`eagle3.reports.sweep_report`).
 
     Returns:
@@ -400,7 +428,7 @@ def report_sweep(sweep_dir: str | os.PathLike[str], out_dirs: Sequence[str | os.
     """
     from eagle3.reports.sweep_report import write_sweep_report
 
-    report = build_report(sweep_dir, x=x)
+    report = build_report(sweep_dir, x=x, target_tau=target_tau, target_k=target_k)
     return report, write_sweep_report(report, Path(report["sweep_dir"]), out_dirs)
 
 
