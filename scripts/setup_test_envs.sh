@@ -5,10 +5,10 @@
 #
 #   scripts/setup_test_envs.sh && .venv/bin/python -m pytest
 #
-# Each install is mostly one pip process unpacking wheels, so the two together take little more
-# than the longer one (82 s instead of 131 s on CI's 2-core VM, BENCHMARKS.md). `--no-compile`:
-# pip byte-compiles every module it installs (torch's ~15,000 files alone take ~20 s); Python
-# compiles the few a run imports the first time it imports them.
+# Each install is mostly one pip process unpacking and byte-compiling wheels, so the two together
+# take little more than the longer one (82 s instead of 131 s on CI's 2-core VM, BENCHMARKS.md).
+# pip's byte-compiling stays on: where PYTHONDONTWRITEBYTECODE is set (this project's machines),
+# modules pip did not compile are compiled again by every interpreter that imports them.
 # Environment: PYTHON (default python3) and what scripts/setup_vllm_cpu.sh reads.
 set -euo pipefail
 
@@ -23,7 +23,7 @@ trap 'kill "$vllm_setup" 2>/dev/null || true' EXIT
 if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
     "$PYTHON" -m venv "$ROOT/.venv"
 fi
-"$ROOT/.venv/bin/pip" install --no-compile -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+"$ROOT/.venv/bin/pip" install -c "$ROOT/constraints.txt" -e "$ROOT[test]"
 
 wait "$vllm_setup"  # its exit status is this script's (set -e)
 trap - EXIT

