@@ -26,7 +26,8 @@ def refit_report(path: Path, target_tau: float | None, target_k: int | None) -> 
     axis = report["x_axis"]  # reports written before the axis had a kind
     axis.setdefault("kind", {SCALE_KEY: "scale", JOB_AXIS: "job"}.get(axis["key"], "override"))
     plotted = [r for r in report["jobs"] if r.get("in_plots")]
-    report["scale_curve"] = scale_curve_report(plotted, report["ks"], target_tau, target_k)
+    report["scale_curve"] = scale_curve_report(plotted, report["ks"], target_tau, target_k,
+                                               [k for k in report["varying_overrides"] if k != SCALE_KEY])
     return write_sweep_report(report, path.parent)
 
 

@@ -44,7 +44,10 @@ def work_unit(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Whole work units to one worker each (module fixtures are built once), in collection order."""
+    """With `--dist loadfile` (pyproject.toml): whole work units to one worker each (module
+    fixtures are built once), in collection order. Another `--dist` on the command line is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
     from xdist.scheduler import LoadScopeScheduling
 
     class WorkUnits(LoadScopeScheduling):

@@ -147,6 +147,16 @@ def test_stage_report_prints_the_curve_and_the_scale_and_cost_of_a_target_tau(tm
     assert "## Data-scale curve" in markdown and "| real τ, K=3 |" in markdown
 
 
+def test_no_curve_is_fitted_through_jobs_that_differ_in_more_than_their_data():
+    from eagle3.sweeps.scale_curve import scale_curve_report
+
+    rows = [{"train_samples": n, "sim_accept_length": 2.0 + i / 4, "sim_acc": [0.5] * 5, "real_accept_length": {}}
+            for i, n in enumerate([64, 128, 256, 512])]
+    assert sorted(scale_curve_report(rows, [])["series"]) == ["sim"]
+    mixed = scale_curve_report(rows, [], target_tau=3.0, also_varying=["train.lr"])
+    assert mixed["series"] == {} and mixed["note"] == "no fit: the jobs differ in train.lr as well as in their training data"
+
+
 def test_a_target_beyond_the_ceiling_says_so_and_bad_targets_are_refused(tmp_path):
     root = tmp_path / "artifacts"
     make_sweep(root, jobs=DEMO_JOBS)

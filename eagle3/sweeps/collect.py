@@ -398,7 +398,8 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
         "x_axis": _x_axis(plotted, varying, x),
         "excluded_from_plots": excluded,
         "job_file": JOB_FILE,
-        "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k),  # eagle3.sweeps.scale_curve
+        "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k,
+                                          also_varying=[k for k in varying if k != SCALE_KEY]),
     }
 
 

@@ -181,12 +181,16 @@ def _number(value: Any) -> Optional[float]:
 
 
 def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], target_tau: Optional[float] = None,
-                       target_k: Optional[int] = None) -> dict[str, Any]:
-    """τ against training samples over the jobs with an eval, fitted per series (`eagle3.sweeps.scale_curve`):
-    simulated τ (bounded by the TTT steps + 1) and real τ at each K (bounded by K + 1, each point with
-    its eval's standard error); each fit also predicts the largest scale from the smaller ones. With
+                       target_k: Optional[int] = None, also_varying: Sequence[str] = ()) -> dict[str, Any]:
+    """τ against training samples over the jobs with an eval, fitted per series: simulated τ
+    (bounded by the TTT steps + 1) and real τ at each K (bounded by K + 1, each point with its
+    eval's standard error); each fit also predicts the largest scale from the smaller ones. With
     `target_tau`: the samples that reach it at K = `target_k` and what they cost, priced with the
-    throughputs of the sweep's largest job."""
+    throughputs of the sweep's largest job. No fit when the jobs differ in more than their data
+    (`also_varying`: other overrides that vary), since one curve through them would mix recipes."""
+    if also_varying:
+        return {"series": {}, "target": None,
+                "note": f"no fit: the jobs differ in {', '.join(also_varying)} as well as in their training data"}
     points = [r for r in rows if (r.get("train_samples") or 0) > 0]
     scales = sorted({r["train_samples"] for r in points})
     if len(scales) < 3:
