@@ -373,7 +373,9 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
     unit_dir = GENERATE.locate(cfg, StageContext(root=killed, run_dir=killed), UNIT)[0]
     partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
 
-    kill_9_when(_cli(killed, "stage=generate"), lambda: _lines(*partials) > 0, cwd=tmp_path, env=env,
+    # Killed once a whole batch is written (KILL's batch_size=2; records are written one by one, so
+    # a kill after the first line may leave no batch to skip; the half-written batch is the next case).
+    kill_9_when(_cli(killed, "stage=generate"), lambda: _lines(*partials) >= 2, cwd=tmp_path, env=env,
                 timeout_s=300)
     assert Manifest.load(unit_dir).status == "running"
     assert 0 < _lines(*partials) < N_CONVS
