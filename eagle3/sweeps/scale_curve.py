@@ -176,10 +176,6 @@ def holdout_check(samples: Sequence[float], taus: Sequence[float], ceiling: Opti
 
 
 # ----------------------------------------------------------------------------- the sweep report's curve
-def _number(value: Any) -> Optional[float]:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], target_tau: Optional[float] = None,
                        target_k: Optional[int] = None, also_varying: Sequence[str] = ()) -> dict[str, Any]:
     """τ against training samples over the jobs with an eval, fitted per series: simulated τ
@@ -231,8 +227,9 @@ def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], tar
 
 
 def _series_tau(row: Mapping[str, Any], name: str) -> Optional[float]:
-    """A job's τ in a series of the scale curve: "sim" or a K."""
-    return _number(row.get("sim_accept_length") if name == "sim" else (row.get("real_accept_length") or {}).get(name))
+    """A job's τ in a series of the scale curve: "sim" or a K (None: not measured; the rows hold
+    numbers or None, `collect._eval_figures`)."""
+    return row.get("sim_accept_length") if name == "sim" else (row.get("real_accept_length") or {}).get(name)
 
 
 def _series_ceiling(rows: Sequence[tuple[Mapping[str, Any], float]], name: str) -> Optional[float]:
