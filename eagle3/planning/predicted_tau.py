@@ -13,15 +13,14 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from eagle3.reports.sweep_report import REPORT_FILES
 from eagle3.sweeps.collect import find_sweeps
 from eagle3.sweeps.scale_curve import ScaleFit
-
-REPORT_JSON = "sweep_report.json"
 
 
 def _curve_of_target(sweep: Path, target: Any) -> Optional[dict[str, Any]]:
     try:
-        report = json.loads((sweep / REPORT_JSON).read_text(encoding="utf-8"))
+        report = json.loads((sweep / REPORT_FILES["json"]).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     curve = report.get("scale_curve") or {}
