@@ -347,7 +347,11 @@ def test_dry_run_prints_the_kimi_plan_without_data_or_model(cli, tmp_path):
     bf16 = 101_000 * 1600 * 57_348 + 101_000 * 1024
     assert f"bf16: 57,348 B/token (56.0 KiB) -> 9.3 TB ({bf16:,} B); 9.2 TB for the 100,000 train" in out
     assert "91.8 GB per 1K samples; fits in 11.0 TB available" in out
-    assert "fp8 : 28,692 B/token (28.0 KiB) -> 4.6 TB" in out and "45.9 GB per 1K samples" in out
+    assert "fp8: 28,692 B/token (28.0 KiB) -> 4.6 TB" in out and "45.9 GB per 1K samples" in out
+    # compact: 3 x 7168 int8 + 336 bf16 scales + the teacher's top 64 (int32 id + fp16) + 4 B of token id.
+    compact = 101_000 * 1600 * 22_564 + 101_000 * 1024
+    assert f"compact: 22,564 B/token (22.0 KiB) -> 3.6 TB ({compact:,} B)" in out
+    assert 22_564 <= 24 * 1024
     assert "ASSUMED" in out and not (tmp_path / "nothing" / "extract").exists()
     # The experiment trains online: the store is what it avoids, and the dry run says what that costs.
     assert "train.hidden_states=online: this config stores nothing and runs no extract unit" in out

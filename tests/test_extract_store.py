@@ -45,7 +45,7 @@ def test_bytes_per_token_kimi_and_demo():
     assert formats.bytes_per_token("fp8", 7168, 3) == 4 * 7168 + 4 * 4 + 4
     assert formats.bytes_per_token("fp32", 7168, 3) == 2 * 57_344 + 4
     assert formats.bytes_per_token("bf16", 256, 3) == 2052  # demo target
-    with pytest.raises(ValueError, match="valid: bf16, fp8, fp32"):
+    with pytest.raises(ValueError, match="valid: bf16, compact, fp8, fp32"):
         formats.bytes_per_token("int4", 256, 3)
 
 

@@ -98,10 +98,10 @@ def test_plan_json_matches_what_was_printed(kimi):
     extract = data["stages"][CHAIN_NAMES.index("extract")]["units"][0]
     assert extract["after"] == "prep" and extract["output"] is None
     totals = data["totals"]
-    for fmt in ("bf16", "fp8"):
+    for fmt in ("bf16", "fp8", "compact"):
         assert f"{totals[f'store_bytes_{fmt}']['value']:,} B" in out
     assert totals["samples"] == {"value": 101_000, "basis": "config", "note": "train + eval"}
-    assert data["disk"]["configured"] == "bf16" and set(data["disk"]["checks"]) == {"bf16", "fp8"}
+    assert data["disk"]["configured"] == "bf16" and set(data["disk"]["checks"]) == {"bf16", "fp8", "compact"}
     for fmt, check in data["disk"]["checks"].items():
         verdict = {True: "fits", False: "does NOT fit", None: "cannot check"}[check["fits"]]
         assert re.search(rf"^  {fmt}\*?: {verdict}$", out, re.M)

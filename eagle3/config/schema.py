@@ -275,7 +275,7 @@ class ExtractConfig:
     # hf = transformers in this process (hooks on the capture layers); vllm = a vLLM server's
     # extract_hidden_states method (extract.server: launched for the job, or running at its urls).
     backend: str = "hf"
-    storage_format: str = "bf16"  # bf16 | fp8 | fp32
+    storage_format: str = "bf16"  # eagle3.extract.formats.FORMATS (compact: int8 captures, the teacher's top k)
     batch_tokens: int = 8192
     shard: int = 0
     num_shards: int = 1

@@ -91,8 +91,9 @@ def collate_padded(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             out[row, :len(sample[key])] = sample[key]
         return out
 
+    teacher = ("final",) if "final" in samples[0] else ("teacher_ids", "teacher_logprob")  # compact: top k
     return {"input_ids": pad("input_ids"), "loss_mask": pad("loss_mask"), "aux": pad("aux"),
-            "final": pad("final"), "lengths": lengths}
+            **{key: pad(key) for key in teacher}, "lengths": lengths}
 
 
 class DraftDataModule(L.LightningDataModule):

@@ -20,7 +20,7 @@ from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
-from eagle3.draft.ttt import add_state_noise, teacher_positions, teacher_targets, ttt_forward
+from eagle3.draft.ttt import add_state_noise, teacher_from_topk, teacher_positions, teacher_targets, ttt_forward
 
 
 def lr_multiplier(step: int, total: int, warmup: int, floor: float = 0.1, schedule: str = "cosine") -> float:
@@ -67,8 +67,13 @@ class DraftModule(L.LightningModule):
         needed = teacher_positions(batch["loss_mask"], batch["lengths"])
         aux = add_state_noise(batch["aux"], len(self.draft.geometry.capture_layers), state_noise)
         t = self.train_config
-        teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
-                                  renormalise=t.teacher == TEACHER_DRAFT_VOCAB, needed=needed)
+        renormalise = t.teacher == TEACHER_DRAFT_VOCAB
+        if "teacher_ids" in batch:  # a compact store: the teacher's top k, not the final state
+            teacher = teacher_from_topk(batch["teacher_ids"], batch["teacher_logprob"], self.teacher_head.shape[0],
+                                        self.draft.draft_ids(), renormalise=renormalise, needed=needed)
+        else:
+            teacher = teacher_targets(batch["final"], self.teacher_head, self.draft.draft_ids(),
+                                      renormalise=renormalise, needed=needed)
         return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
                            block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,

@@ -114,6 +114,41 @@ def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Te
     return Teacher(probs=rows, argmax=dense_argmax.view(bsz, seq), row_of=row_of.view(bsz, seq))
 
 
+@torch.no_grad()
+def teacher_from_topk(top_ids: torch.Tensor, top_logprob: torch.Tensor, vocab_size: int, draft_ids: torch.Tensor,
+                      renormalise: bool = True, needed: torch.Tensor | None = None) -> Teacher:
+    """The teacher of a compact store: the target's top-k next tokens instead of its final state.
+
+    Args:
+        top_ids: `[B, T, k]` target ids, most likely first. top_logprob: `[B, T, k]` their full-vocab
+            log-probabilities. vocab_size: V of the target (the ids' range).
+        renormalise / needed: As in :func:`teacher_targets`.
+
+    Equals :func:`teacher_targets` on the same final states with the tail beyond k left out: rows
+    keep the in-vocab part of the top k (`renormalise` rescales it to sum to 1); a row with no
+    top-k token in the draft vocab stays all zero and adds nothing to the loss.
+    """
+    bsz, seq, _ = top_ids.shape
+    to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=top_ids.device)
+    to_draft[draft_ids] = torch.arange(len(draft_ids), device=top_ids.device)
+    if needed is None:
+        needed = torch.ones(bsz, seq, dtype=torch.bool, device=top_ids.device)
+    where = needed.reshape(-1).nonzero().squeeze(1)  # [N] flat positions
+    drafted = to_draft[top_ids.reshape(bsz * seq, -1)[where]]  # [N, k] draft ids, -1 outside the draft vocab
+    mass = top_logprob.reshape(bsz * seq, -1)[where].float().exp() * (drafted >= 0)  # [N, k]
+    rows = torch.zeros(len(where), len(draft_ids), dtype=torch.float32, device=top_ids.device)
+    rows.scatter_add_(1, drafted.clamp_min(0), mass)
+    if renormalise:
+        total = rows.sum(-1, keepdim=True)
+        rows = torch.where(total > 0, rows / total.clamp_min(torch.finfo(torch.float32).tiny), rows)
+    dense_argmax = torch.full((bsz * seq,), -1, dtype=torch.long, device=top_ids.device)
+    row_of = torch.full((bsz * seq,), -1, dtype=torch.long, device=top_ids.device)
+    if len(where):
+        dense_argmax[where] = drafted[:, 0]
+        row_of[where] = torch.arange(len(where), device=top_ids.device)
+    return Teacher(probs=rows, argmax=dense_argmax.view(bsz, seq), row_of=row_of.view(bsz, seq))
+
+
 def add_state_noise(aux: torch.Tensor, captures: int, scale: float) -> torch.Tensor:
     """`aux` `[B, T, C*H]` plus Gaussian noise of std `scale` x each captured layer's per-token RMS.
 

@@ -63,7 +63,8 @@ class HiddenStateDataset(SplitDataset):
     """Samples of one merged split with their stored hidden states.
 
     Items are dicts of tensors: `input_ids [T]` int64, `loss_mask [T]` int64, `aux [T, C*H]`,
-    `final [T, H]` (float; fp8 dequantised), plus the sample `id`.
+    `final [T, H]` (float; fp8 dequantised), plus the sample `id`. A `compact` store gives the
+    teacher as `teacher_ids [T, k]` int64 / `teacher_logprob [T, k]` float32 instead of `final`.
 
     Args:
         store_dir: The hidden-state store directory.
@@ -141,22 +142,24 @@ class HiddenStateDataset(SplitDataset):
         record = self._record(index)
         key = self.keys[index]
         if self.dequantize:
-            aux, final, ids = self.store.load(key, self.dtype)  # [T, C*H], [T, H], [T]
-            extra = {}
+            item = self.store.load_item(key, self.dtype)  # aux [T, C*H], input_ids [T], final [T, H] or top k
         else:
             raw = self.store.raw(key)
-            aux, final, ids = raw["aux"], raw["final"], raw["ids"].long()  # float8 [T, C*H], [T, H]
-            extra = {"aux_scale": raw["aux_scale"], "final_scale": raw["final_scale"]}  # [T, C], [T, 1]
+            # float8 aux [T, C*H] / final [T, H] with aux_scale [T, C] / final_scale [T, 1]
+            item = {"aux": raw["aux"], "final": raw["final"], "input_ids": raw["ids"].long(),
+                    "aux_scale": raw["aux_scale"], "final_scale": raw["final_scale"]}
+        ids = item.pop("input_ids")
         input_ids = torch.as_tensor(record["input_ids"], dtype=torch.long)  # [T]
         loss_mask = torch.as_tensor(record["loss_mask"], dtype=torch.long)  # [T]
-        if not torch.equal(ids, input_ids) or aux.shape[0] != len(input_ids) or final.shape[0] != len(input_ids) \
-                or len(loss_mask) != len(input_ids):
+        teacher = "final" if "final" in item else "teacher_ids"
+        if not torch.equal(ids, input_ids) or item["aux"].shape[0] != len(input_ids) \
+                or item[teacher].shape[0] != len(input_ids) or len(loss_mask) != len(input_ids):
             raise AlignmentError(
-                f"sample {record['id']!r} (key {key}): stored ids/states ({ids.shape[0]} ids, aux {tuple(aux.shape)}, "
-                f"final {tuple(final.shape)}) do not match the merged record ({len(input_ids)} ids, "
-                f"{len(loss_mask)} mask entries) in {self.split_file}; the store or the merge output changed")
-        return {"id": record["id"], "input_ids": input_ids, "loss_mask": loss_mask, "aux": aux, "final": final,
-                **extra}
+                f"sample {record['id']!r} (key {key}): stored ids/states ({ids.shape[0]} ids, aux "
+                f"{tuple(item['aux'].shape)}, {teacher} {tuple(item[teacher].shape)}) do not match the merged record "
+                f"({len(input_ids)} ids, {len(loss_mask)} mask entries) in {self.split_file}; the store or the merge "
+                "output changed")
+        return {"id": record["id"], "input_ids": input_ids, "loss_mask": loss_mask, **item}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -103,16 +103,18 @@ def plan_report(*, model: str, hidden: int, capture_layers: list[int], scale: Op
                  f"reproduces ~92 GB per 1K samples in bf16 at H=7168, as measured for Kimi-K2.5)")
     free, where = free_space(store_dir, assume_free_bytes)
     available = max(free - int(margin_gb * GB), 0)
-    for fmt in ("bf16", "fp8", "fp32"):
+    for fmt in formats.FORMATS:
         est = estimate(fmt, samples, tokens, hidden, n_capture)
         per_1k = estimate(fmt, 1000, 1000 * tokens_per_sample, hidden, n_capture).total
         train = "" if scale is None else (
             f"; {format_bytes(estimate(fmt, scale, scale * tokens_per_sample, hidden, n_capture).total)} "
             f"for the {scale:,} train samples alone")
         fits = "fits" if est.total <= available else "does NOT fit"
-        lines.append(f"  {fmt:<4}: {est.bytes_per_token:,} B/token ({_kib(est.bytes_per_token)}) -> "
+        lines.append(f"  {fmt}: {est.bytes_per_token:,} B/token ({_kib(est.bytes_per_token)}) -> "
                      f"{format_bytes(est.total)} ({est.total:,} B){train}; {format_bytes(per_1k)} per 1K "
                      f"samples; {fits} in {format_bytes(available)} available")
+    lines.append(f"  compact stores the captures in int8 (one scale per {formats.COMPACT_GROUP} values) and the "
+                 f"teacher as its top {formats.COMPACT_TOPK} log-probabilities instead of the final state")
     if num_shards > 1:
         lines.append(f"  split over {num_shards} extract.shard jobs: ~1/{num_shards} of the tokens each")
     lines.append(f"  store filesystem: {format_bytes(free)} free at {where}, margin "

@@ -30,7 +30,7 @@ import torch
 
 from eagle3.artifacts import StageOutput, read_jsonl
 from eagle3.data.mixture import SPLIT_FILES
-from eagle3.extract import codec
+from eagle3.extract import codec, formats
 from eagle3.extract.capture import plan_batches
 from eagle3.extract.preflight import check_disk, estimate
 from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name, shard_of
@@ -57,6 +57,9 @@ class UnitJob:
         open_source: Opens the state source for the block (called only when something must be
             extracted; `eagle3.extract.sources.open_states`).
         save_file: Shard writer override (fault injection in tests); None = safetensors.
+        teacher_head: Loads the target lm_head `[V, H]`, which formats that store the teacher's
+            top k (`formats.needs_teacher_head`) apply to the final states; read from the
+            checkpoint's safetensors, not from the loaded target, so every source gets it alike.
     """
 
     merged_dir: Path
@@ -70,6 +73,7 @@ class UnitJob:
     assume_free_bytes: Optional[int]
     open_source: Callable[[], AbstractContextManager[Any]]
     save_file: Optional[Callable[..., None]] = None
+    teacher_head: Optional[Callable[[], torch.Tensor]] = None
 
 
 def _records(merged_dir: Path) -> Iterator[tuple[str, dict]]:
@@ -158,6 +162,12 @@ def run_extraction(job: UnitJob, out: StageOutput) -> dict[str, Any]:
 def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: StageOutput, stats: dict) -> None:
     n_capture = len(job.spec.capture_layers)
     batches = plan_batches([len(w.input_ids) for w in work], job.batch_tokens)
+    head = None
+    if formats.needs_teacher_head(job.spec.storage_format):  # before the source: the cheaper failure first
+        if job.teacher_head is None:
+            raise ValueError(f"storage format {job.spec.storage_format} needs the target lm_head "
+                             "(UnitJob.teacher_head)")
+        head = job.teacher_head()
     t0, last_log, done_tokens = time.perf_counter(), time.perf_counter(), 0
     with job.open_source() as source:
         for b, batch in enumerate(batches):
@@ -175,7 +185,7 @@ def _extract(job: UnitJob, work: list[Work], writer: StoreWriter, keys, out: Sta
                     rejected.append((w, "nonfinite_hidden_states", f"NaN/Inf in {bad}"))
                     continue
                 ids = torch.as_tensor(w.input_ids)
-                encoded[w.key] = (codec.encode(aux, final, ids, job.spec.storage_format), len(w.input_ids))
+                encoded[w.key] = (codec.encode(aux, final, ids, job.spec.storage_format, head=head), len(w.input_ids))
             if encoded:
                 writer.write_shard(encoded, unit=out.dir.name)
             for w in items:

@@ -110,7 +110,7 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--merged", type=Path, help="a merge unit directory (train.jsonl, eval.jsonl)")
     source.add_argument("--demo-samples", type=int, help="render this many demo conversations")
-    parser.add_argument("--formats", default="bf16,fp8")
+    parser.add_argument("--formats", default="bf16,fp8,compact")
     parser.add_argument("--batch-tokens", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -118,6 +118,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         m = to_settings(compose(config_name="config", overrides=args.overrides)).model
+    from eagle3.draft.target_weights import load_embedding_and_head
+
     parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code, revision=m.revision)
     check_geometry(parts, m.num_layers, m.hidden_size)
     with tempfile.TemporaryDirectory(prefix="eagle3-bench-") as tmp_name:
@@ -132,7 +134,8 @@ def main() -> None:
             store_dir = tmp / "stores" / spec.dirname
             job = UnitJob(merged_dir=merged, store_dir=store_dir, spec=spec, shard=0, num_shards=1,
                           batch_tokens=args.batch_tokens, vocab_size=int(m.vocab_size), disk_margin_gb=0.0,
-                          assume_free_bytes=None, open_source=lambda: HFStates(lambda: parts, m.capture_layers))
+                          assume_free_bytes=None, open_source=lambda: HFStates(lambda: parts, m.capture_layers),
+                          teacher_head=lambda: load_embedding_and_head(m.path, revision=m.revision)[1])
             with StageOutput.open(tmp / "units", "extract", fmt, {"format": fmt}) as out:
                 stats = run_extraction(job, out)
             store = HiddenStateStore(store_dir)
@@ -144,7 +147,8 @@ def main() -> None:
                   f"{stats['tokens_this_run'] / stats['seconds_this_run']:,.0f} tok/s ({args.threads} threads, "
                   f"batch_tokens {args.batch_tokens}); {spec_bytes(spec):,} B/token; store {format_bytes(size)} "
                   f"({size / tokens:,.0f} B/token on disk); rel. error per token: aux max {err_max[0]:.4f} "
-                  f"mean {err_mean[0]:.4f}, final max {err_max[1]:.4f} mean {err_mean[1]:.4f}; loader "
+                  f"mean {err_mean[0]:.4f}, {'teacher tail mass' if fmt == 'compact' else 'final'} max "
+                  f"{err_max[1]:.4f} mean {err_mean[1]:.4f}; loader "
                   f"{loader_rate(store_dir, merged / 'train.jsonl'):,.0f} tok/s", flush=True)
     proxy = trainer_proxy_rate(int(m.hidden_size), len(m.capture_layers), int(m.vocab_size), int(m.draft.vocab_size))
     print(f"trainer stand-in (fc + 7 TTT passes of one decoder layer + heads, fwd+bwd): {proxy:,.0f} tok/s "

@@ -83,6 +83,9 @@ class StoreSpec:
         ident = {"target": self.target, "capture_layers": list(self.capture_layers),
                  "storage_format": self.storage_format, "hidden_size": self.hidden_size,
                  "version": self.version}
+        params = formats.format_params(self.storage_format)
+        if params:  # a format's constants are part of what its values are (older formats have none)
+            ident["format_params"] = params
         if self.source != IN_PROCESS:
             ident["source"] = self.source
         return ident
@@ -248,3 +251,7 @@ class HiddenStateStore:
     def load(self, key: str, dtype: torch.dtype | None = None):
         """(`aux [T, C*H]`, `final [T, H]`, `input_ids [T]`) of one sample, fp8 dequantised."""
         return codec.decode(self.raw(key), self.storage_format, dtype)
+
+    def load_item(self, key: str, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """What training reads of one sample, in every format (`codec.decode_item`)."""
+        return codec.decode_item(self.raw(key), self.storage_format, dtype)

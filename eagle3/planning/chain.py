@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT_VERSION", "ChainView", "Planner", "UnitPlan", "build_plan"]
 
 FORMAT_VERSION = 1
-SHOWN_FORMATS = ("bf16", "fp8")  # always both: the choice between them is the plan's main lever
+SHOWN_FORMATS = ("bf16", "fp8", "compact")  # always all three: the choice between them is the plan's main lever
 
 
 @dataclass

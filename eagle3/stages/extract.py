@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.draft.options import ONLINE
+from eagle3.extract import formats
 from eagle3.extract.preflight import plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.sources import open_states
@@ -34,6 +35,11 @@ from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.intake import Intake
 from eagle3.stages.merge import MERGE
 from eagle3.target_info import target_identity
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagle3.config.schema import Eagle3Config
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
@@ -73,6 +79,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
         "text_config_key": cfg.model.text_config_key,
         "capture_layers": list(spec.capture_layers),
         "storage_format": spec.storage_format,
+        **({"format_params": params} if (params := formats.format_params(spec.storage_format)) else {}),
         "shard": cfg.extract.shard,
         "num_shards": cfg.extract.num_shards,
         # Included although the store is keyed without it: on CPU fp32 the states of a sample
@@ -89,13 +96,23 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {"merged": require(MERGE, cfg, ctx, unit)}
 
 
+def _teacher_head(config: Eagle3Config) -> torch.Tensor:
+    """The target lm_head `[V, H]` for formats that store the teacher's top k."""
+    from eagle3.draft.target_weights import load_embedding_and_head
+
+    m = config.model
+    return load_embedding_and_head(m.path, revision=m.revision, cache_dir=config.paths.hf_cache,
+                                   text_config_key=m.text_config_key)[1]
+
+
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     merged = _unit_inputs(cfg, ctx, unit)["merged"]
     ex = cfg.extract
     job = UnitJob(merged_dir=merged.directory, store_dir=store_dir(cfg), spec=store_spec(cfg), shard=ex.shard,
                   num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
                   disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
-                  open_source=lambda: open_states(ctx.config, ctx.run_dir))
+                  open_source=lambda: open_states(ctx.config, ctx.run_dir),
+                  teacher_head=lambda: _teacher_head(ctx.config))
     return unit_summary(job, out, run_extraction(job, out))
 
 
