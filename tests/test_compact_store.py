@@ -149,3 +149,57 @@ def test_extract_writes_a_compact_store_the_loader_reads(target_dir, tmp_path): 
         assert "final" not in item
     batch = collate_padded(items[:3])
     assert batch["teacher_ids"].shape == (3, int(batch["lengths"].max()), 64) and "final" not in batch
+
+
+@pytest.fixture(scope="module")
+def peaked_target_dir(tmp_path_factory):
+    """The tiny Llama with a 40x lm_head: a randomly initialised head is almost flat over 512 ids
+    (logit std ~0.2), where no top k is the distribution; a trained target is peaked, as this one."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    path = tmp_path_factory.mktemp("peaked_llama")
+    model.save_pretrained(path)
+    return path
+
+
+def test_the_trainer_scores_a_compact_batch_as_it_scores_the_exact_one(peaked_target_dir, tmp_path):
+    """One TTT forward of the same draft on the same samples, from an fp32 store and a compact one:
+    the loss and the agreement counts the trainer sees are those of the exact states."""
+    target_dir = peaked_target_dir
+    import json
+
+    from eagle3.config.schema import TrainConfig
+    from eagle3.draft.geometry import geometry_from_target
+    from eagle3.draft.lightning_module import DraftModule
+    from eagle3.draft.target_weights import load_embedding_and_head
+
+    records = make_records(12, seed=5)
+    batches, stores = {}, {}
+    for fmt in ("fp32", "compact"):
+        root = tmp_path / fmt
+        cfg = config(target_dir, root, f"extract.storage_format={fmt}")
+        write_merge(cfg, root, records[:10], records[10:])
+        stores[fmt] = run(cfg, root)
+        data = HiddenStateDataset.from_manifests(stores[fmt], "train")
+        batches[fmt] = collate_padded([data[i] for i in range(len(data))])
+    assert torch.equal(batches["fp32"]["input_ids"], batches["compact"]["input_ids"])
+    assert stores["compact"].extra["reconstruction_error"]["teacher_tail_max"] < 0.01  # the tail the top 64 leaves out
+
+    embed, head = load_embedding_and_head(str(target_dir))
+    geometry = geometry_from_target(json.loads((target_dir / "config.json").read_text()), CAPTURE, 256)
+    d2t = torch.arange(0, 512, 2) - torch.arange(256)  # the even ids: half the vocab is outside the draft's
+    t2d = torch.zeros(512, dtype=torch.bool)
+    t2d[::2] = True
+    torch.manual_seed(0)
+    module = DraftModule(geometry, head, TrainConfig(ttt_steps=3), embed=embed, d2t=d2t, t2d=t2d)
+    with torch.no_grad():
+        exact, compact = module.run_batch(batches["fp32"]), module.run_batch(batches["compact"])
+    assert exact.counted.tolist() == compact.counted.tolist() and exact.counted.sum() > 100
+    assert float(compact.loss) == pytest.approx(float(exact.loss), rel=0.01)
+    assert (compact.correct - exact.correct).abs().max() <= 2, (compact.correct, exact.correct)

@@ -26,7 +26,8 @@ log = logging.getLogger("eagle3")
 
 
 def _error_stats(store: HiddenStateStore, rows: list[dict]) -> dict[str, float]:
-    """Worst and mean per-token relative error of the stored values over the unit's samples."""
+    """Worst and mean per-token relative error of the stored values over the unit's samples (compact:
+    for the teacher, the probability mass its top k leaves out, `teacher_tail_*`)."""
     seen: set[str] = set()
     worst, total, tokens = [0.0, 0.0], [0.0, 0.0], 0
     for row in rows:
@@ -39,7 +40,8 @@ def _error_stats(store: HiddenStateStore, rows: list[dict]) -> dict[str, float]:
             worst[j] = max(worst[j], entry.err_max[j])
             total[j] += entry.err_sum[j]
     mean = [t / tokens if tokens else 0.0 for t in total]
-    return {"aux_max": worst[0], "aux_mean": mean[0], "final_max": worst[1], "final_mean": mean[1]}
+    teacher = "teacher_tail" if formats.needs_teacher_head(store.storage_format) else "final"
+    return {"aux_max": worst[0], "aux_mean": mean[0], f"{teacher}_max": worst[1], f"{teacher}_mean": mean[1]}
 
 
 class StatesLost(Eagle3Error):
