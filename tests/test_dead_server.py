@@ -157,7 +157,9 @@ def test_a_stage_error_in_the_block_of_a_dead_server_becomes_the_line_naming_it(
 # ------------------------------------------------------------------------------------------------
 # The real vLLM CPU build
 
-PROMPTS = 400  # all in flight at once: 192 requests (the default partition), 24 batches of 16
+# A full default partition (192 requests in flight at once, 12 batches of 16) and one batch beyond it,
+# so the kill comes while 192 are in flight and the rerun crosses a partition boundary too.
+PROMPTS = 208
 DATA = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={PROMPTS}", "generate.max_new_tokens=64")
 KILL_AFTER_RECORDS = 16  # one batch written: the kill comes mid-generation, with work to keep
 

@@ -358,6 +358,8 @@ def test_dry_run_prints_the_kimi_plan_without_data_or_model(cli, tmp_path):
     online = 100_000 * 1600 * 1 + 1_000 * 1600 * 3  # train x max_epochs 1 + eval x (1 validation, pooled, eval)
     assert f"online (train.hidden_states=online): 0 B stored; the target runs over {online:,} tokens (1.02x)" in out
     assert f"against {101_000 * 1600:,} tokens once for the store" in out
+    assert f"hybrid (train.hidden_states=hybrid): the store above, written during epoch 1 instead of by extract; the " \
+           f"target runs over {101_000 * 1600:,} tokens once" in out
 
 
 def test_a_flipped_byte_in_a_shard_is_refused_by_training_and_extract_until_redone(target_dir, tmp_path):

@@ -130,11 +130,21 @@ def test_kimi_plan_shows_store_and_online_side_by_side(tmp_path):
     assert section["online_forward_ratio"] == round(103_000 / 101_000, 2)
     # No run measured a throughput for Kimi here: the wall times say so instead of guessing.
     assert store["wall_s"]["total"]["basis"] == online["wall_s"]["total"]["basis"] == "unknown"
-    assert re.search(r"HIDDEN STATES: store vs online .*extract\.backend=vllm", out)
+    assert re.search(r"HIDDEN STATES: store vs online vs hybrid .*extract\.backend=vllm", out)
+    # Hybrid: the store's bytes, written during the first epoch; the target once over train + eval.
+    hybrid = section["modes"]["hybrid"]
+    assert hybrid["bytes_stored"]["value"] == bf16
+    assert hybrid["target_forward_samples"]["value"] == 101_000 == store["target_forward_samples"]["value"]
     assert re.search(rf"hidden-state bytes stored\s+9\.3 TB = {bf16:,} B \(assumed\)\s+0 B \(config\)", out)
     assert re.search(r"target forward passes \(samples\)\s+101,000 \(config\)\s+103,000 \(config\)", out)
     assert "train.hidden_states=online stores nothing: these checks are what store mode would need" in out
-    assert "store | online* |" in (_run_dir(tmp_path / "artifacts") / "plan.md").read_text()
+    assert "store | online* | hybrid |" in (_run_dir(tmp_path / "artifacts") / "plan.md").read_text()
+    (tmp_path / "capped").mkdir()
+    capped = _run(["stage=plan", "experiment=plan_v4_100k", "train.hidden_states=hybrid", "train.hybrid_store_gb=2000"],
+                  tmp_path / "capped")
+    assert capped.returncode == 0, capped.stderr
+    modes = json.loads((_run_dir(tmp_path / "capped" / "artifacts") / "plan.json").read_text())["hidden_states"]
+    assert modes["configured"] == "hybrid" and modes["modes"]["hybrid"]["bytes_stored"]["value"] == 2_000 * 10**9
 
 
 def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):

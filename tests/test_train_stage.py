@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 
 from eagle3.artifacts import Manifest
 from eagle3.draft.export import capture_layers_of, validate_export
+from eagle3.extract import formats
+from eagle3.extract.store import HiddenStateStore
 from eagle3.layer_ids import engine_aux_layer_ids
 from tests.conftest import CLI_TIMEOUT_S, RUN_PY, SMALL_DEMO_DATA, run_cli
 from tests.wandb_records import read_run
@@ -98,10 +100,13 @@ def _state(path: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["store", "online"])
+@pytest.mark.parametrize("mode", ["store", "online", "hybrid"])
 def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrupted_run(chain_root, mode):
-    """Online: the states of each batch are computed again after the restart (in-process target)."""
-    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2", f"train.hidden_states={mode}")
+    """Online: the states of each batch are computed again after the restart (in-process target).
+    Hybrid (into an fp32 store of its own): what the killed run stored is read, the rest computed."""
+    args = ("train.max_epochs=3", "train.checkpoint_every_n_steps=2", f"train.hidden_states={mode}",
+            *(("extract.storage_format=fp32", f"extract.store_root={chain_root.parent / 'hybrid_kill'}")
+              if mode == "hybrid" else ()))
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     proc = subprocess.Popen([sys.executable, str(RUN_PY), "stage=train", *SMALL, *TRAIN, *args,
@@ -266,3 +271,50 @@ def test_resume_point_skips_torn_checkpoints_and_names_them_when_none_is_left(tm
     message = str(info.value)
     assert all(f"{name} (" in message for name in ("last.ckpt", "step4.ckpt", "step6.ckpt"))
     assert "delete that directory to train this unit from the start" in message and "\n" not in message
+
+
+@pytest.mark.slow
+def test_hybrid_stores_states_in_epoch_1_reads_them_after_and_trains_as_store_mode(chain_root, tmp_path):
+    """`train.hidden_states=hybrid` into an empty store of the chain's identity (bf16, in-process):
+    the target runs once per sample, the store fills during the first epoch, and the draft is store
+    mode's (the same bf16 values, computed in training batches instead of extraction batches)."""
+    store_root = tmp_path / "hybrid_states"
+    args = ("train.max_epochs=3", "train.hidden_states=hybrid", f"extract.store_root={store_root}")
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    done = train_cli(chain_root, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hybrid = Manifest.load(unit_for(chain_root, before))
+    assert hybrid.extra["hidden_states"] == "hybrid" and "merged" in hybrid.inputs and "extract" not in hybrid.inputs
+    train_src, eval_src = hybrid.extra["states_source"]
+    n_train, n_eval = hybrid.extra["train_samples"], hybrid.extra["eval_samples"]
+    # Epoch 1 computed and stored every train sample; epochs 2 and 3 read them all.
+    assert train_src["stored"] == n_train and train_src["read"] == 2 * n_train and train_src["over_budget"] == 0
+    assert train_src["prompts"] == n_train and train_src["tokens"] == hybrid.extra["train_tokens_per_epoch"]
+    assert eval_src["stored"] == n_eval
+    [store_dir] = [d for d in store_root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    stored = HiddenStateStore(store_dir)
+    assert len(stored) == n_train + n_eval and store_dir.name.endswith("-bf16")
+    assert all(p.name.startswith(f"train-{hybrid.dir.name}-p") for p in (store_dir / "index").iterdir())
+
+    # Store mode, same schedule, on the chain's bf16 store (filled by stage=extract): the same draft.
+    before = set(unit_dirs(chain_root))
+    done = train_cli(chain_root, "train.max_epochs=3")
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = Manifest.load(unit_for(chain_root, before))
+    tau = {m.extra["hidden_states"]: m.extra["eval"]["sim_accept_len"] for m in (hybrid, store)}
+    print(f"simulated accept length: {tau}")
+    assert tau["hybrid"] == pytest.approx(tau["store"], rel=0.01), tau
+
+    # A budget smaller than the store: the samples past it are computed again every epoch.
+    capped_root = tmp_path / "capped_states"
+    before = set(unit_dirs(chain_root))
+    done = train_cli(chain_root, "train.max_epochs=2", "train.hidden_states=hybrid", "train.hybrid_store_gb=0.003",
+                     f"extract.store_root={capped_root}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    capped = Manifest.load(unit_for(chain_root, before))
+    src = capped.extra["states_source"][0]
+    assert 0 < src["stored"] < n_train and src["over_budget"] > 0
+    assert src["prompts"] == n_train + (n_train - src["stored"])  # the unstored ones, twice
+    bytes_per_token = formats.bytes_per_token("bf16", 256, 3)  # the demo target: H 256, 3 captures
+    [capped_store] = [d for d in capped_root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert sum(e.seq_len for e in HiddenStateStore(capped_store).entries.values()) * bytes_per_token <= 3_000_000

@@ -318,7 +318,11 @@ class TrainConfig:
     # store = read the hidden states stage extract stored (every epoch reuses one extraction);
     # online = compute each batch's states from the target while training (extract.backend: hf in
     # this process, or vllm), nothing stored: no disk, but the target runs every epoch.
+    # hybrid = online the first time a sample is fetched, written to the store extract would fill
+    # (extract.storage_format), read from it afterwards (eagle3.extract.hybrid).
     hidden_states: str = "store"
+    # hybrid: the store's size cap in GB (decimal); samples past it are computed every epoch. null = no cap.
+    hybrid_store_gb: Optional[float] = None
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     # What to do with positions whose target argmax is outside the draft vocab.

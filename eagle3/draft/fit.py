@@ -125,20 +125,27 @@ class FitResult:
     resumed_at: Optional[int]
 
 
-def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any] = None) -> Any:
+def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any] = None,
+                  hybrid: Optional[dict[str, Any]] = None) -> Any:
     """A split's dataset: the store of the `extract` input, or with `make_source` (online) the merged
-    split of the `merged` input, its states computed per batch."""
+    split of the `merged` input, its states computed per batch; with `hybrid` (the store's
+    `HybridStateDataset` arguments) computed once and stored."""
     from eagle3.data.mixture import SPLIT_FILES
     from eagle3.extract.dataset import HiddenStateDataset, OnlineStateDataset
+    from eagle3.extract.hybrid import HybridStateDataset
 
     if make_source is None:
         return HiddenStateDataset.from_manifests(inputs["extract"], split, dtype=torch.float32)
-    return OnlineStateDataset(Path(inputs["merged"].dir) / SPLIT_FILES[split], make_source, dtype=torch.float32)
+    split_file = Path(inputs["merged"].dir) / SPLIT_FILES[split]
+    if hybrid is not None:
+        return HybridStateDataset(split_file, make_source, dtype=torch.float32, **hybrid)
+    return OnlineStateDataset(split_file, make_source, dtype=torch.float32)
 
 
-def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None) -> tuple[Any, Any]:
+def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None,
+                  hybrid: Optional[dict[str, Any]] = None) -> tuple[Any, Any]:
     """`(train, eval)`: `split_dataset` of both splits."""
-    return split_dataset(inputs, "train", make_source), split_dataset(inputs, "eval", make_source)
+    return split_dataset(inputs, "train", make_source, hybrid), split_dataset(inputs, "eval", make_source, hybrid)
 
 
 def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],

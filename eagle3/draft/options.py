@@ -24,9 +24,12 @@ LOSS_KL, LOSS_TV, LOSS_JSD = "kl", "tv", "jsd"
 LOSSES = (LOSS_KL, LOSS_TV, LOSS_JSD)
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
 LR_SCHEDULES = ("cosine", "linear")
-#: `train.hidden_states`: read from the store stage extract filled, or computed per batch while training.
-STORE, ONLINE = "store", "online"
-HIDDEN_STATE_MODES = (STORE, ONLINE)
+#: `train.hidden_states`: read from the store stage extract filled, computed per batch while training,
+#: or hybrid: computed the first time a sample is fetched, stored, and read afterwards.
+STORE, ONLINE, HYBRID = "store", "online", "hybrid"
+HIDDEN_STATE_MODES = (STORE, ONLINE, HYBRID)
+#: The modes whose training computes states from the target (the merged split is their input).
+COMPUTING_MODES = (ONLINE, HYBRID)
 #: `train.strategy` (Lightning strategies this trainer is tested with).
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
 #: `train.precision`: auto = bf16-mixed on a GPU, 32-true on CPU; else a Lightning precision.

@@ -95,6 +95,7 @@ def check_train(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """`train.*` in range, each choice one `eagle3.draft.options` lists."""
     tr: TrainConfig = cfg.train
     err.choice("train.hidden_states", tr.hidden_states, HIDDEN_STATE_MODES)
+    err.positive("train.hybrid_store_gb", tr.hybrid_store_gb, allow_none=True)
     err.positive("train.ttt_steps", tr.ttt_steps)
     if not 0 < tr.ttt_decay <= 1:
         err.add("train.ttt_decay", tr.ttt_decay, "weights decay^k must shrink or stay", "(0, 1]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from eagle3.config.schema import Eagle3Config
-from eagle3.draft.options import ONLINE, STORE
+from eagle3.draft.options import HYBRID, ONLINE, STORE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 
@@ -34,6 +34,8 @@ def forward_passes(mode: str, train: Figure, evl: Figure, max_epochs: int, max_s
     """
     if mode == STORE:
         return figures.total([train, evl], "train + eval once (extract)")
+    if mode == HYBRID:  # within train.hybrid_store_gb: each sample once, then read from the store
+        return figures.total([train, evl], "train + eval once (epoch 1, the first validation)")
     n_val = validations(max_epochs, max_steps, eval_every_n_epochs)
     evals = None if n_val is None else n_val + 2
     note = (f"train x train.max_epochs={max_epochs} + eval x "
@@ -54,6 +56,7 @@ def dry_run_lines(config: Eagle3Config) -> list[str]:
     evl = Figure(data.eval_size * tps, "assumed")
     args = (tr.max_epochs, tr.max_steps, tr.eval_every_n_epochs)
     once, online = forward_passes(STORE, train, evl, *args), forward_passes(ONLINE, train, evl, *args)
+    cap_gb = config.train.hybrid_store_gb
     runs = (f"{online.value:,} tokens ({online.value / once.value:.2f}x)"
             if online.value is not None and once.value is not None else
             "train tokens x the epochs train.max_steps allows")
@@ -64,4 +67,8 @@ def dry_run_lines(config: Eagle3Config) -> list[str]:
     lines.append(f"  online (train.hidden_states=online): 0 B stored; the target runs over {runs}{per}: the train "
                  f"split every epoch (train.max_epochs={tr.max_epochs}) and eval at each validation, against "
                  f"{once.value:,} tokens once for the store")
+    cap = "" if cap_gb is None else f", capped at train.hybrid_store_gb={cap_gb:g} (the rest computed every epoch)"
+    lines.append(f"  hybrid (train.hidden_states=hybrid): the store above{cap}, written during epoch 1 instead of by "
+                 f"extract; the target runs over {once.value:,} tokens once, as for the store, and training starts "
+                 "without an extract pass")
     return lines

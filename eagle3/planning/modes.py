@@ -1,4 +1,4 @@
-"""Store versus online hidden states, side by side (the plan's `hidden_states` section).
+"""Store, online and hybrid hidden states, side by side (the plan's `hidden_states` section).
 
 The two modes trade disk for target compute. Store mode runs the target once over the mix
 (extract) and keeps 2-4 KiB per token per captured layer; online mode keeps nothing but runs the
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
 from eagle3.config.schema import Eagle3Config
-from eagle3.draft.options import HIDDEN_STATE_MODES, ONLINE, STORE
+from eagle3.draft.options import HIDDEN_STATE_MODES, HYBRID, ONLINE, STORE
 from eagle3.engines import IN_PROCESS
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
@@ -103,6 +103,14 @@ def _seconds(tokens: Figure, rate: Optional[Figure], note: str) -> Figure:
     return figures.derive(per_s, tokens, rate, basis="estimate", note=note)
 
 
+def _capped(stored: Figure, cap_gb: Optional[float]) -> Figure:
+    """The store's bytes under `train.hybrid_store_gb`."""
+    if cap_gb is None or stored.value is None or stored.value <= cap_gb * 1e9:
+        return stored
+    return figures.derive(int(cap_gb * 1e9), stored, basis="config",
+                          note=f"train.hybrid_store_gb={cap_gb:g}: the rest is computed every epoch")
+
+
 def _serial_rate(a: Optional[Figure], b: Optional[Figure]) -> Optional[Figure]:
     """Tokens/s of doing both per token one after the other (no overlap: an upper bound on time)."""
     if a is None or b is None or a.value is None or b.value is None:
@@ -162,6 +170,17 @@ def hidden_state_modes(config: Eagle3Config, chain: ChainView, mix: dict[str, Fi
             train_s = _seconds(train_epochs, store_train_rate, "train token-epochs / train tokens/s")
             entry["wall_s"] = {"extract": extract_s, "train": train_s,
                                "total": figures.total([extract_s, train_s], "extract + train")}
+        elif mode == HYBRID:
+            entry["bytes_stored"] = _capped(store["bytes"][configured_fmt], tr.hybrid_store_gb)
+            entry["train_tokens_per_s"] = rates.train(HYBRID, _unit_dir(TRAIN, modes_chain[HYBRID]))
+            # Epoch 1 computes (online's rate), the later epochs read (store mode's rate).
+            first = _seconds(mix["train_tokens"], online_train_rate, "epoch 1: train tokens / online train tokens/s")
+            rest_tokens = figures.derive(None if train_epochs.value is None or mix["train_tokens"].value is None
+                                         else train_epochs.value - mix["train_tokens"].value,
+                                         train_epochs, mix["train_tokens"], basis="estimate")
+            rest = _seconds(rest_tokens, store_train_rate, "later epochs: token-epochs / store train tokens/s")
+            train_s = figures.total([first, rest], "epoch 1 computed and stored + later epochs read")
+            entry["wall_s"] = {"train": train_s, "total": train_s}
         else:
             entry["bytes_stored"] = Figure(0, "config", "online training writes no hidden-state store")
             entry["train_tokens_per_s"] = online_train_rate

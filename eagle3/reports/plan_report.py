@@ -132,7 +132,7 @@ def mode_rows(section: dict) -> tuple[list[str], list[list[str]]]:
 
 def _mode_title(section: dict) -> str:
     ratio = section.get("online_forward_ratio")
-    return (f"HIDDEN STATES: store vs online (train.hidden_states; * = configured; extract.backend="
+    return (f"HIDDEN STATES: store vs online vs hybrid (train.hidden_states; * = configured; extract.backend="
             f"{section['backend']}; store in {section['storage_format']})"
             + (f"; online runs the target over {ratio:g}x the tokens store mode does" if ratio else ""))
 

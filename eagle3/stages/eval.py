@@ -27,7 +27,7 @@ from eagle3.reports import eval_report
 from eagle3.reports.loggers import log_report
 from eagle3.reports.output import copy_files
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
-from eagle3.stages.train import EXPORT_DIR, TRAIN, online
+from eagle3.stages.train import EXPORT_DIR, TRAIN, hybrid_store, online
 
 log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
@@ -71,7 +71,8 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
                                             text_config_key=m.text_config_key)
     with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
         make_source = stack.enter_context(online_states(ctx.config, ctx.run_dir)) if online(cfg) else None
-        eval_set = split_dataset(states, "eval", make_source)
+        # hybrid: the eval split the train job stored is read, what it did not store is computed (and stored)
+        eval_set = split_dataset(states, "eval", make_source, hybrid_store(cfg, ctx, out.dir))
         simulated = simulated_acceptance(geometry, draft, head, config.train, eval_set, ev.ks,
                                          batch_tokens=config.train.batch_tokens)
         if make_source is not None:

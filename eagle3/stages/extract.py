@@ -17,14 +17,16 @@ recompute them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
-from eagle3.draft.options import ONLINE
+from eagle3.draft.options import COMPUTING_MODES
 from eagle3.extract import formats
 from eagle3.extract.preflight import plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
@@ -68,7 +70,7 @@ def states_identity(cfg: DictConfig) -> dict[str, Any]:
 
 def _units(cfg: DictConfig) -> list[str]:
     # Online training computes states while it trains: there is nothing to store.
-    return [] if str(cfg.train.hidden_states) == ONLINE else mixture_unit(cfg)
+    return [] if str(cfg.train.hidden_states) in COMPUTING_MODES else mixture_unit(cfg)
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -96,6 +98,11 @@ def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Man
     return {"merged": require(MERGE, cfg, ctx, unit)}
 
 
+def teacher_head_loader(config: Eagle3Config) -> Callable[[], torch.Tensor]:
+    """A picklable loader of the target lm_head (DataLoader workers and DDP ranks load their own)."""
+    return functools.partial(_teacher_head, config)
+
+
 def _teacher_head(config: Eagle3Config) -> torch.Tensor:
     """The target lm_head `[V, H]` for formats that store the teacher's top k."""
     from eagle3.draft.target_weights import load_embedding_and_head
@@ -112,7 +119,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
                   num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
                   disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
                   open_source=lambda: open_states(ctx.config, ctx.run_dir),
-                  teacher_head=lambda: _teacher_head(ctx.config))
+                  teacher_head=teacher_head_loader(ctx.config))
     return unit_summary(job, out, run_extraction(job, out))
 
 

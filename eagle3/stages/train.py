@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
 from eagle3.config.convert import config_dict
 from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
-from eagle3.draft.options import ONLINE
+from eagle3.draft.options import COMPUTING_MODES, HYBRID
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.extract import EXTRACT, states_identity
@@ -40,13 +40,27 @@ EXPORT_DIR = "draft"
 METRICS_FILE = "train_metrics.json"
 FORMAT_VERSION = 1
 # Keys of `train` that do not change what is trained (only how it is watched).
-_UNTRACKED = ("log_every_n_steps", "num_workers", "progress_every_s", "logits_memory_gb")
+# hybrid_store_gb only decides which samples are kept: every sample is trained on its stored values.
+_UNTRACKED = ("log_every_n_steps", "num_workers", "progress_every_s", "logits_memory_gb", "hybrid_store_gb")
 ONLINE_URLS_FILE = "online_servers.json"  # rank 0's state server, for ranks a launcher starts apart
 
 
 def online(cfg: DictConfig) -> bool:
-    """Whether this config trains on states computed while training (`train.hidden_states=online`)."""
-    return str(cfg.train.hidden_states) == ONLINE
+    """Whether this config trains on states computed while training (`train.hidden_states=online`,
+    or `hybrid`, which computes them the first time): its input is the merged split, not a store."""
+    return str(cfg.train.hidden_states) in COMPUTING_MODES
+
+
+def hybrid_store(cfg: DictConfig, ctx: StageContext, unit_dir: Path) -> Optional[dict[str, Any]]:
+    """`HybridStateDataset`'s store arguments under `train.hidden_states=hybrid` (else None)."""
+    if str(cfg.train.hidden_states) != HYBRID:
+        return None
+    from eagle3.stages.extract import store_dir, store_spec, teacher_head_loader
+
+    gb = cfg.train.hybrid_store_gb
+    return {"store_dir": store_dir(cfg), "spec": store_spec(cfg), "unit": unit_dir.name,
+            "budget_bytes": None if gb is None else int(float(gb) * 1e9),
+            "teacher_head": teacher_head_loader(ctx.config)}
 
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
@@ -54,7 +68,13 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     config = {"train": train, "draft": OmegaConf.to_container(cfg.model.draft, resolve=True), "seed": int(cfg.seed),
               "format": FORMAT_VERSION}
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
-        config["states"] = states_identity(cfg)
+        states = states_identity(cfg)
+        if str(cfg.train.hidden_states) == HYBRID:  # it trains on the stored values, in this format
+            from eagle3.extract.formats import format_params
+
+            fmt = str(cfg.extract.storage_format)
+            states["stored_as"] = {"storage_format": fmt, **format_params(fmt)}
+        config["states"] = states
     else:
         train.pop("hidden_states")  # store mode keeps the fingerprint it always had
     return config
@@ -75,7 +95,7 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
         yield training_sets(inputs)
         return
     with online_states(ctx.config, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
-        sets = training_sets(inputs, make_source)
+        sets = training_sets(inputs, make_source, hybrid_store(cfg, ctx, unit_dir))
         try:
             yield sets
         finally:
