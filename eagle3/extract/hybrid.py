@@ -14,7 +14,7 @@ stored therefore depends only on the order they are first fetched, which the see
 Kill -9: a shard is atomic and indexed after it is complete (`StoreWriter`), so a rerun finds what
 was written and computes the rest; the trainer resumes from its checkpoint as in the other modes.
 Each process writes under its own job name (DataLoader workers and DDP ranks never share an index
-file), `train-<unit>-p<pid>`.
+file), `hybrid-<unit>-<split>-p<pid>`.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class HybridStateDataset(SplitDataset):
         self.counts = {"read": 0, "stored": 0, "over_budget": 0}
         self._budget_logged = False
         self._refreshed = 0.0
+        self._store_pid = os.getpid()
 
     # ------------------------------------------------------------------ per-process resources
     @property
@@ -107,9 +108,10 @@ class HybridStateDataset(SplitDataset):
         return None if figures is None and not any(self.counts.values()) else {**(figures or {}), **self.counts}
 
     def _open_store(self) -> HiddenStateStore:
-        if self._store is None or self._pid != os.getpid():
-            self._pid = os.getpid()
-            self._writer = StoreWriter(self.store_dir, self.spec, f"train-{self.unit}-p{os.getpid()}").__enter__()
+        if self._store is None or self._store_pid != os.getpid():  # a forked loader worker opens its own
+            self._store_pid = os.getpid()
+            job = f"hybrid-{self.unit}-{self.split_file.stem}-p{os.getpid()}"  # one index file per split and process
+            self._writer = StoreWriter(self.store_dir, self.spec, job).__enter__()
             self._store = HiddenStateStore(self.store_dir)
             self._refreshed = time.monotonic()
         return self._store
@@ -191,5 +193,5 @@ class HybridStateDataset(SplitDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_fh=None, _source=None, _store=None, _writer=None, _head=None)  # each process makes its own
+        state.update(_fh=None, _source=None, _store=None, _writer=None, _head=None)  # each process opens its own
         return state
