@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from eagle3.extract import codec, formats
-from eagle3.extract.dataset import AlignmentError, SplitDataset
+from eagle3.extract.dataset import AlignmentError, OnlineStateDataset
 from eagle3.extract.store import HiddenStateStore, IndexEntry, StoreSpec, content_key
 from eagle3.extract.writer import StoreWriter
 
@@ -40,7 +40,7 @@ log = logging.getLogger("eagle3")
 REFRESH_EVERY_S = 60.0
 
 
-class HybridStateDataset(SplitDataset):
+class HybridStateDataset(OnlineStateDataset):
     """Samples of one merged split, read from the store when there, else computed and stored.
 
     Items are those of `HiddenStateDataset` for the same format (fp8/compact decoded to float32).
@@ -58,25 +58,10 @@ class HybridStateDataset(SplitDataset):
     def __init__(self, split_file: str | os.PathLike[str], source: Any, store_dir: Path, spec: StoreSpec, unit: str,
                  budget_bytes: Optional[int] = None, teacher_head: Optional[Callable[[], torch.Tensor]] = None,
                  dtype: Optional[torch.dtype] = None) -> None:
-        import json
-
-        self.split_file = Path(split_file)
-        self.make_source, self.store_dir, self.spec, self.unit = source, Path(store_dir), spec, unit
-        self.budget_bytes, self.load_head, self.dtype = budget_bytes, teacher_head, dtype
+        super().__init__(split_file, source, dtype=dtype)
+        self.store_dir, self.spec, self.unit = Path(store_dir), spec, unit
+        self.budget_bytes, self.load_head = budget_bytes, teacher_head
         self.bytes_per_token = formats.bytes_per_token(spec.storage_format, spec.hidden_size, len(spec.capture_layers))
-        offsets, lengths = [], []
-        with open(self.split_file, "rb") as fh:
-            pos = 0
-            for raw in fh:
-                start, pos = pos, pos + len(raw)
-                if raw.strip():
-                    offsets.append(start)
-                    lengths.append(len(json.loads(raw)["input_ids"]))
-        self._offsets = np.asarray(offsets, dtype=np.int64)
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self._fh = None
-        self._pid = os.getpid()
-        self._source: Any = None
         self._store: Optional[HiddenStateStore] = None
         self._writer: Optional[StoreWriter] = None
         self._head: Optional[torch.Tensor] = None
@@ -87,24 +72,16 @@ class HybridStateDataset(SplitDataset):
         self._store_pid = os.getpid()
 
     # ------------------------------------------------------------------ per-process resources
-    @property
-    def source(self) -> Any:
-        if self._source is None:
-            self._source = self.make_source()
-        return self._source
-
     def close_source(self) -> None:
         """Release this process's source and store writer; idempotent."""
-        if self._source is not None:
-            self._source.close()
-            self._source = None
+        super().close_source()
         if self._writer is not None:
             self._writer.__exit__(None, None, None)
             self._writer = None
 
     def source_figures(self) -> Optional[dict[str, Any]]:
         """What this process's source did (prompts, tokens, seconds) plus the store counts."""
-        figures = None if self._source is None else dict(self._source.describe())
+        figures = super().source_figures()
         return None if figures is None and not any(self.counts.values()) else {**(figures or {}), **self.counts}
 
     def _open_store(self) -> HiddenStateStore:
@@ -188,10 +165,7 @@ class HybridStateDataset(SplitDataset):
         self.counts["stored"] += len(encoded)
         return items
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.__getitems__([index])[0]
-
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_fh=None, _source=None, _store=None, _writer=None, _head=None)  # each process opens its own
+        state = super().__getstate__()
+        state.update(_store=None, _writer=None, _head=None)  # each process opens its own
         return state
