@@ -214,17 +214,21 @@ class OnlineStateDataset(SplitDataset):
         """What this process's source did so far (prompts, tokens, seconds); None before first use."""
         return None if self._source is None else self._source.describe()
 
+    def _usable(self, record: dict, result: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(aux, final)` of a source result, or the one line why a sample has none (no quarantine here)."""
+        missing = isinstance(result[0], str)
+        if missing or not (torch.isfinite(result[0]).all() and torch.isfinite(result[1]).all()):
+            why = f"{result[0]}: {result[1]}" if missing else "NaN/Inf in its states"
+            raise AlignmentError(f"sample {record['id']!r} of {self.split_file} has no usable hidden states "
+                                 f"({why}); train.hidden_states=store extracts first and quarantines such samples")
+        return result[0], result[1]
+
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         records = [self._record(int(i)) for i in indices]
         results = self.source.states([np.asarray(r["input_ids"], dtype=np.int64) for r in records])
         items = []
         for record, result in zip(records, results, strict=True):
-            missing = isinstance(result[0], str)
-            if missing or not (torch.isfinite(result[0]).all() and torch.isfinite(result[1]).all()):
-                why = f"{result[0]}: {result[1]}" if missing else "NaN/Inf in its states"
-                raise AlignmentError(f"sample {record['id']!r} of {self.split_file} has no usable hidden states "
-                                     f"({why}); train.hidden_states=store extracts first and quarantines such samples")
-            aux, final = result
+            aux, final = self._usable(record, result)
             if self.dtype is not None:
                 aux, final = aux.to(self.dtype), final.to(self.dtype)
             items.append({"id": record["id"], "input_ids": torch.as_tensor(record["input_ids"], dtype=torch.long),

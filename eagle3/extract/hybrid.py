@@ -137,12 +137,7 @@ class HybridStateDataset(OnlineStateDataset):
         encoded: dict[str, tuple[codec.Encoded, int]] = {}
         items: dict[int, dict] = {}
         for record, key, slot, result in zip(records, keys, slots, results, strict=True):
-            missing = isinstance(result[0], str)
-            if missing or not (torch.isfinite(result[0]).all() and torch.isfinite(result[1]).all()):
-                why = f"{result[0]}: {result[1]}" if missing else "NaN/Inf in its states"
-                raise AlignmentError(f"sample {record['id']!r} of {self.split_file} has no usable hidden states "
-                                     f"({why}); train.hidden_states=store extracts first and quarantines such samples")
-            aux, final = result
+            aux, final = self._usable(record, result)
             ids = torch.as_tensor(record["input_ids"], dtype=torch.long)
             enc = codec.encode(aux, final, ids, fmt, head=self._head)
             encoded[key] = (enc, len(ids))
