@@ -33,6 +33,11 @@ VARIANT_ENGINES = {variant: (VLLM,) for variant in LAYER_VARIANTS}
 #: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
 #: "Defaults that carry"); SGLang serves none, so its drafts keep the plain layer.
 SERVING_LAYER = {VLLM: ("norm_before_residual",), IN_PROCESS: ("norm_before_residual",), SGLANG: ()}
+#: The most decoder layers (`model.draft.num_layers`) each engine's EAGLE-3 draft model builds
+#: (None: any number). SGLang's llama_eagle3.py raises "EAGLE3 currently only supports 1 layer"
+#: for num_hidden_layers != 1; vLLM 0.32's builds num_hidden_layers layers, the first reading
+#: cat(embedding, hidden) and the rest plain Llama layers (`layers.<i>.*`).
+ENGINE_MAX_DRAFT_LAYERS = {SGLANG: 1, VLLM: None}
 
 
 def serving_layer_default(variant: str, backend: str) -> bool:

@@ -63,6 +63,8 @@ ROWS = {
     "loss_tv": ("total variation instead of KL", ["train.loss=tv"]),
     "loss_jsd": ("Jensen-Shannon instead of KL", ["train.loss=jsd"]),
     "noise_0.1": ("noise on the captured states, 0.1 x their RMS", ["train.state_noise=0.1"]),
+    "layers_2": ("two decoder layers (vLLM only)", ["model.draft.num_layers=2"]),
+    "layers_3": ("three decoder layers (vLLM only)", ["model.draft.num_layers=3"]),
     # Combinations of the single-change winners.
     "nbr_muon": ("norm_before_residual + muon", ["model.draft.norm_before_residual=true", MUON]),
     "nbr_nbfc_muon": ("norm_before_residual + norm_before_fc + muon",
@@ -114,8 +116,8 @@ def main() -> None:
         (root / "ablation.json").write_text(json.dumps(results, indent=1))
         print(name, [round(r["sim_k3"], 3) for r in results[name]], flush=True)
     baseline = statistics.mean(r["sim_k3"] for r in results["baseline"])
-    lines = ["| row | what | acc@1 | acc@2 | acc@3 | acc@5 | sim τ K=3 (spread) | sim τ K=5 | vs baseline K=3 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | what | acc@1 | acc@2 | acc@3 | acc@5 | sim τ K=3 (spread) | sim τ K=5 | vs baseline K=3 "
+             "| train tok/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name in rows:
         rs = results[name]
         acc = [statistics.mean(r["acc"][i] for r in rs) if all(len(r["acc"]) > i for r in rs) else float("nan")
@@ -124,7 +126,8 @@ def main() -> None:
         k5 = statistics.mean(r["sim_k5"] for r in rs)
         lines.append(f"| {name} | {ROWS[name][0]} | {acc[0]:.3f} | {acc[1]:.3f} | {acc[2]:.3f} | {acc[4]:.3f} | "
                      f"{statistics.mean(k3):.3f} ({max(k3) - min(k3):.3f}) | {k5:.3f} | "
-                     f"{statistics.mean(k3) / baseline:.3f}x |")
+                     f"{statistics.mean(k3) / baseline:.3f}x | "
+                     f"{statistics.mean(r['train_tokens_per_s'] for r in rs):,.0f} |")
     (root / "ablation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -221,7 +221,7 @@ def check_conversion(checkpoint: Path, export: Path, data: Path, steps: int, pyt
     same token (teacher-forced TTT, one eval sample)."""
     import torch
 
-    from eagle3.draft.attention import ttt_attention
+    from eagle3.draft.attention import TTTAttention
     from eagle3.draft.export import load_exported
     from eagle3.draft.target_weights import load_embedding_and_head
 
@@ -242,18 +242,12 @@ def check_conversion(checkpoint: Path, export: Path, data: Path, steps: int, pyt
     draft.embed_tokens.weight.data.copy_(embed)
     aux, inputs = hs["hidden_states"][:-1, :-1].flatten(1)[None].float(), ids[1:][None]
     seq = inputs.shape[1]
-    keys, values = [], []
-
-    def attend(q, k, v):
-        keys.append(k)
-        values.append(v)
-        return ttt_attention(q, keys, values, 64)
-
+    attention = TTTAttention(draft.geometry.num_layers, 64)  # each layer's keys over the steps
     agree = total = 0
     with torch.no_grad():
         hidden, tokens = draft.project(aux), inputs
         for k in range(steps):
-            state = draft.step(hidden, tokens, torch.arange(seq) + 1 + k, attend)
+            state = draft.step(hidden, tokens, torch.arange(seq) + 1 + k, attention.attends)
             ours = draft.logits(state).argmax(-1)[0]  # draft ids
             mine = ours[: seq - k].tolist()
             agree += sum(int(a == b) for a, b in zip(mine, theirs[k][: seq - k], strict=False))

@@ -382,3 +382,14 @@ def test_sweep_job_dirnames_stay_one_short_directory_name():
     long_b = long_a.replace("value19", "value20")
     a, b = job_dirname(long_a), job_dirname(long_b)
     assert len(a.encode()) <= JOB_DIRNAME_MAX and a != b and a.startswith("train.key0=value0,")
+
+
+def test_a_deeper_draft_is_refused_only_where_sglang_serves_it():
+    """SGLang builds one draft layer; vLLM any number (eagle3.engines.ENGINE_MAX_DRAFT_LAYERS)."""
+    assert errors_for(["model.draft.num_layers=2"]) == []  # trained and exported for vLLM
+    assert errors_for(["stage=bench", "server=vllm", "model.draft.num_layers=3"]) == []
+    errors = errors_for(["stage=bench", "server=sglang", "model.draft.num_layers=2"])
+    assert len(errors) == 1 and errors[0].startswith("model.draft.num_layers: 2 -- sglang cannot serve")
+    assert "EAGLE3 currently only supports 1 layer" in errors[0] and "valid: 1 for sglang" in errors[0]
+    assert errors_for(["model.draft.num_layers=0"]) == ["model.draft.num_layers: 0 -- must be a positive number; "
+                                                         "valid: > 0"]

@@ -191,7 +191,7 @@ def test_loaded_model_reproduces_the_original_logits(tmp_path):
 
     def logits(model: Eagle3Draft) -> torch.Tensor:
         with torch.no_grad():
-            return model.logits(model.step(model.project(aux), ids, positions, attend))
+            return model.logits(model.step(model.project(aux), ids, positions, [attend]))
 
     want = logits(draft)
     for dtype in ("float32", "bfloat16"):

@@ -83,9 +83,9 @@ def tiny_geometry(**kw) -> DraftGeometry:
     return DraftGeometry(**base)
 
 
-def tiny_draft(seed: int = 0) -> tuple[Eagle3Draft, torch.Tensor]:
+def tiny_draft(seed: int = 0, num_layers: int = 1) -> tuple[Eagle3Draft, torch.Tensor]:
     torch.manual_seed(seed)
-    g = tiny_geometry()
+    g = tiny_geometry(num_layers=num_layers)
     draft = Eagle3Draft(g)
     selected = torch.tensor([0, 2, 3, 7, 11])  # target ids in the draft vocab
     d2t = selected - torch.arange(5)
@@ -136,18 +136,20 @@ def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
     """Token-by-token reference: explicit per-position states and a dense attention per step."""
     seq = ids.shape[1]
     hidden = draft.project(aux)
-    keys, values = [], []
+    layers = draft.geometry.num_layers
+    keys, values = [[] for _ in range(layers)], [[] for _ in range(layers)]  # per layer, per step
     total = 0.0
     for k in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, :seq - 1 - k] = ids[:, 1 + k:]
 
-        def attend(q, kk, vv):
-            keys.append(kk)
-            values.append(vv)
-            return dense_ttt_attention(q, keys, values)
+        def attend(layer, q, kk, vv):
+            keys[layer].append(kk)
+            values[layer].append(vv)
+            return dense_ttt_attention(q, keys[layer], values[layer])
 
-        state = draft.step(hidden, tokens, torch.arange(seq) + k, attend)
+        attends = [lambda q, kk, vv, i=i: attend(i, q, kk, vv) for i in range(layers)]
+        state = draft.step(hidden, tokens, torch.arange(seq) + k, attends)
         logq = torch.log_softmax(draft.logits(state), -1)
         terms, n = 0.0, 0
         for t in range(seq):
@@ -161,8 +163,10 @@ def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
     return total
 
 
-def test_ttt_forward_matches_token_by_token_reference():
-    draft, head = tiny_draft(3)
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_ttt_forward_matches_token_by_token_reference(num_layers):
+    """Each layer attends over its own keys of steps 0..k (a deeper draft: TTT through every layer)."""
+    draft, head = tiny_draft(3, num_layers)
     torch.manual_seed(1)
     seq = 11
     ids = torch.randint(0, 12, (1, seq))
@@ -173,9 +177,12 @@ def test_ttt_forward_matches_token_by_token_reference():
                        out_of_vocab="mask", block_size=3)
     ref = naive_ttt_loss(draft, aux, ids, mask, teacher, steps=4, decay=0.8)
     assert fast.loss.item() == pytest.approx(float(ref.detach()), abs=1e-5)
-    g_fast = torch.autograd.grad(fast.loss, draft.fc.weight)[0]
-    g_ref = torch.autograd.grad(naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8), draft.fc.weight)[0]
-    assert torch.allclose(g_fast, g_ref, atol=1e-5)
+    weights = [draft.fc.weight, *(layer.self_attn.q_proj.weight for layer in draft.layers.values())]
+    g_fast = torch.autograd.grad(fast.loss, weights)
+    g_ref = torch.autograd.grad(naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8), weights)
+    for fast_grad, ref_grad in zip(g_fast, g_ref, strict=True):
+        assert torch.allclose(fast_grad, ref_grad, atol=1e-5)
+        assert fast_grad.abs().max() > 0  # every layer trains
 
 
 def test_padding_does_not_change_a_samples_loss():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -47,10 +49,23 @@ def reference_step(draft, aux: torch.Tensor, token: int, flags: dict) -> tuple[t
     v = (cat @ m.self_attn.v_proj.weight.T).view(g.num_key_value_heads, g.head_dim)
     per_head = v.repeat_interleave(g.num_attention_heads // g.num_key_value_heads, 0).reshape(-1)
     h = per_head @ m.self_attn.o_proj.weight.T + residual
-    u = rms(h, m.post_attention_layernorm.weight, eps)
-    out = (torch.nn.functional.silu(u @ m.mlp.gate_proj.weight.T) * (u @ m.mlp.up_proj.weight.T)) @ m.mlp.down_proj.weight.T + h
+    # vLLM's layers hand on (mlp output, residual) and add them inside the next RMSNorm (fused add).
+    mlp_out, residual = mlp(m, rms(h, m.post_attention_layernorm.weight, eps)), h
+    for layer in draft.layers.values():  # layers 1.., read the residual stream only (q/k/v over H)
+        residual = mlp_out + residual
+        x = rms(residual, layer.input_layernorm.weight, eps)
+        v = (x @ layer.self_attn.v_proj.weight.T).view(g.num_key_value_heads, g.head_dim)
+        per_head = v.repeat_interleave(g.num_attention_heads // g.num_key_value_heads, 0).reshape(-1)
+        residual = per_head @ layer.self_attn.o_proj.weight.T + residual
+        mlp_out = mlp(layer, rms(residual, layer.post_attention_layernorm.weight, eps))
+    out = mlp_out + residual
     final = rms(out, draft.norm.weight, eps)
     return final @ draft.lm_head.weight.T, (final if flags.get("norm_output") else out)
+
+
+def mlp(layer, u: torch.Tensor) -> torch.Tensor:
+    w = layer.mlp
+    return (torch.nn.functional.silu(u @ w.gate_proj.weight.T) * (u @ w.up_proj.weight.T)) @ w.down_proj.weight.T
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -60,7 +75,7 @@ def test_variant_step_matches_the_engine_formula(name):
     torch.manual_seed(0)
     aux = torch.randn(96)
     state = draft.step(draft.project(aux.view(1, 1, -1)), torch.tensor([[7]]), torch.tensor([0]),
-                       lambda q, k, v: v.repeat_interleave(q.shape[1] // k.shape[1], 1))
+                       [lambda q, k, v: v.repeat_interleave(q.shape[1] // k.shape[1], 1)])
     logits, carried = reference_step(draft, aux, 7, flags)
     assert torch.allclose(draft.logits(state)[0, 0], logits, atol=1e-5)
     assert torch.allclose(draft.carry(state)[0, 0], carried, atol=1e-5)
@@ -68,6 +83,29 @@ def test_variant_step_matches_the_engine_formula(name):
         plain_logits, plain_carried = reference_step(draft, aux, 7, {k: False for k in flags})
         changed = torch.cat([logits, carried]) - torch.cat([plain_logits, plain_carried])
         assert changed.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("name", ["plain", "speculators"])
+def test_deeper_draft_step_matches_the_engine_formula(name, layers):
+    """Layers >= 1 are plain Llama layers on the residual stream, as vLLM's llama_eagle3 runs them."""
+    flags = VARIANTS[name]
+    draft = make_draft(geometry(num_layers=layers, **flags), seed=5)
+    assert len(draft.layers) == layers - 1
+    assert draft.midlayer.self_attn.q_proj.in_features == 2 * draft.geometry.hidden_size  # cat(embed, hidden)
+    assert draft.layers["1"].self_attn.q_proj.in_features == draft.geometry.hidden_size
+    torch.manual_seed(0)
+    aux = torch.randn(96)
+    step = [lambda q, k, v: v.repeat_interleave(q.shape[1] // k.shape[1], 1)] * layers
+    state = draft.step(draft.project(aux.view(1, 1, -1)), torch.tensor([[7]]), torch.tensor([0]), step)
+    logits, carried = reference_step(draft, aux, 7, flags)
+    assert torch.allclose(draft.logits(state)[0, 0], logits, atol=1e-5)
+    assert torch.allclose(draft.carry(state)[0, 0], carried, atol=1e-5)
+    shallow = make_draft(geometry(**flags), seed=5)  # the same first layer without the others
+    shallow.load_state_dict({k: v for k, v in draft.state_dict().items() if not k.startswith("layers.")})
+    assert (reference_step(shallow, aux, 7, flags)[0] - logits).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=f"1 attention patterns for a {layers}-layer draft"):
+        draft.step(draft.project(aux.view(1, 1, -1)), torch.tensor([[7]]), torch.tensor([0]), step[:1])
 
 
 @pytest.mark.parametrize("name", ["speculators", "fc_norm"])
@@ -94,8 +132,8 @@ def test_variant_exports_for_vllm_with_the_keys_it_reads_and_loads_back(tmp_path
         return ttt_attention(q, [k], [v], 2)
 
     with torch.no_grad():
-        a = draft.logits(draft.step(draft.project(aux), ids, pos, attend))
-        b = loaded.logits(loaded.step(loaded.project(aux), ids, pos, attend))
+        a = draft.logits(draft.step(draft.project(aux), ids, pos, [attend]))
+        b = loaded.logits(loaded.step(loaded.project(aux), ids, pos, [attend]))
     assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -115,6 +153,40 @@ def test_sglang_export_of_a_variant_is_refused_in_one_line(tmp_path):
     cfg["norm_output"] = False
     cfg_file.write_text(json.dumps(cfg))
     with pytest.raises(ExportError, match="norm_output: found false, expected true"):
+        validate_export(out)
+
+
+def test_a_two_layer_draft_exports_for_vllm_only_and_loads_back(tmp_path):
+    draft = make_draft(geometry(num_layers=2), seed=6)
+    with pytest.raises(ExportError) as exc:
+        export_draft(draft, tmp_path / "sglang", "sglang")
+    assert "\n" not in str(exc.value) and "num_layers: found 2, expected 1 for sglang" in str(exc.value)
+    assert not (tmp_path / "sglang").exists()
+
+    trained = SimpleNamespace(draft=draft)  # what export_engines reads of the Lightning module
+    assert sorted(export_engines(trained, tmp_path / "train", "float32", {})) == ["vllm"]
+    out = tmp_path / "train" / "vllm"
+    cfg = read_config(out)
+    assert cfg["num_hidden_layers"] == 2 and cfg["eagle3"]["geometry"]["num_layers"] == 2
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(out / "model.safetensors")))
+    assert {"layers.1.self_attn.q_proj.weight", "layers.1.mlp.down_proj.weight", "midlayer.hidden_norm.weight"} <= names
+    assert not any(n.startswith(("layers.0.", "layers.2.", "layers.1.hidden_norm")) for n in names)
+    g, _, loaded = load_exported(out)
+    assert g.num_layers == 2
+    loaded.embed_tokens.weight.data.copy_(draft.embed_tokens.weight)
+    from eagle3.draft.attention import TTTAttention
+
+    aux, ids, pos = torch.randn(1, 4, 96), torch.tensor([[1, 2, 3, 4]]), torch.arange(4)
+    with torch.no_grad():
+        a = draft.logits(draft.step(draft.project(aux), ids, pos, TTTAttention(2, 2).attends))
+        b = loaded.logits(loaded.step(loaded.project(aux), ids, pos, TTTAttention(2, 2).attends))
+    assert torch.allclose(a, b, atol=1e-6)
+    # An export whose config claims one layer while holding two is refused when read.
+    cfg["num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match="num_hidden_layers: found 1, expected 2"):
         validate_export(out)
 
 

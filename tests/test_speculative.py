@@ -67,9 +67,10 @@ def prompts():
     return out
 
 
-def random_draft(target, seed: int = 0) -> Eagle3Draft:
+def random_draft(target, seed: int = 0, num_layers: int = 1) -> Eagle3Draft:
     torch.manual_seed(seed)
-    draft = Eagle3Draft(geometry_from_target(target_text_config(DEMO_TARGET_PATH), CAPTURE, DRAFT_VOCAB))
+    draft = Eagle3Draft(geometry_from_target(target_text_config(DEMO_TARGET_PATH), CAPTURE, DRAFT_VOCAB,
+                                             {"num_layers": num_layers}))
     d2t = torch.zeros(DRAFT_VOCAB, dtype=torch.long)  # draft ids 0..2047 = target ids 0..2047
     t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
     t2d[:DRAFT_VOCAB] = True
@@ -81,6 +82,12 @@ def random_draft(target, seed: int = 0) -> Eagle3Draft:
 @pytest.fixture(scope="module")
 def draft(target):
     return random_draft(target)
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
+def layered_draft(target, request):
+    """The draft with one decoder layer, and with two (one KV cache per layer)."""
+    return random_draft(target, num_layers=request.param)
 
 
 class OracleDrafter:
@@ -163,8 +170,9 @@ def test_oracle_draft_accepts_k_plus_one_per_verify(target, prompts, k):
         assert res.accept_length == k + 1
 
 
-def test_noisy_oracle_is_lossless_and_draft_cache_holds_only_committed_positions(target, draft, prompts):
-    """Partial acceptance at every offset crops both caches; the draft cache must equal a fresh prefill."""
+def test_noisy_oracle_is_lossless_and_draft_cache_holds_only_committed_positions(target, layered_draft, prompts):
+    """Partial acceptance at every offset crops both caches; each draft layer's cache must equal a fresh prefill."""
+    draft = layered_draft
     k = 4
     seen_accepts: set[int] = set()
     for i, prompt in enumerate(prompts[:4]):
@@ -175,23 +183,24 @@ def test_noisy_oracle_is_lossless_and_draft_cache_holds_only_committed_positions
         seen_accepts |= set(res.accepted_per_verify)
         # Reference: one target forward over the committed sequence, one draft prefill over it.
         seq = prompt + res.tokens
-        n = len(inner.cache)
+        n = len(inner.caches[0])
         assert n == inner.length and n <= len(seq) - 1
         with torch.inference_mode():
             out = target(input_ids=torch.tensor([seq[:n]]), output_hidden_states=True)
             aux = torch.cat([out.hidden_states[c][0] for c in CAPTURE], dim=-1)
             fresh = Eagle3Drafter(draft)
             fresh.extend(aux, seq[1:n + 1], 0)
-        assert torch.allclose(inner.cache.keys, fresh.cache.keys, atol=1e-4)
-        assert torch.allclose(inner.cache.values, fresh.cache.values, atol=1e-4)
+        for mine, ref in zip(inner.caches, fresh.caches, strict=True):
+            assert torch.allclose(mine.keys, ref.keys, atol=1e-4) and torch.allclose(mine.values, ref.values, atol=1e-4)
         assert torch.allclose(inner.last_state, fresh.last_state, atol=1e-4)
     assert {0, k} <= seen_accepts and len(seen_accepts) >= 4
 
 
-def test_draft_chain_equals_ttt_steps_at_the_last_position(target, draft, prompts):
-    """propose() = TTT steps 0..K-1 at position t = n-1 fed with the proposed tokens, cache unchanged."""
-    from eagle3.draft.attention import ttt_attention
+def test_draft_chain_equals_ttt_steps_at_the_last_position(target, layered_draft, prompts):
+    """propose() = TTT steps 0..K-1 at position t = n-1 fed with the proposed tokens, caches unchanged."""
+    from eagle3.draft.attention import TTTAttention
 
+    draft = layered_draft
     prompt = prompts[2]
     with torch.inference_mode():
         out = target(input_ids=torch.tensor([prompt]), output_hidden_states=True)
@@ -199,23 +208,18 @@ def test_draft_chain_equals_ttt_steps_at_the_last_position(target, draft, prompt
         y = int(out.logits[0, -1].argmax())
         drafter = Eagle3Drafter(draft)
         drafter.extend(aux, prompt[1:] + [y], 0)
-        keys_before = drafter.cache.keys.clone()
+        keys_before = [cache.keys.clone() for cache in drafter.caches]
         proposed = drafter.propose(3)
-        assert torch.equal(drafter.cache.keys, keys_before)
+        assert len(drafter.caches) == draft.geometry.num_layers
+        assert all(torch.equal(c.keys, before) for c, before in zip(drafter.caches, keys_before, strict=True))
         # TTT reference over the whole sequence: tokens shifted by 1+k, rope position t+k.
         n = len(prompt)
         ids = torch.tensor([prompt + [y] + proposed])  # token n+1+k is the k-th proposal
-        keys, values = [], []
-
-        def attend(q, kk, vv):
-            keys.append(kk)
-            values.append(vv)
-            return ttt_attention(q, keys, values, block_size=16)
-
+        attention = TTTAttention(draft.geometry.num_layers, block_size=16)
         hidden = draft.project(aux.unsqueeze(0))
         pos = torch.arange(n)
         for step in range(3):
-            state = draft.step(hidden, ids[:, 1 + step:n + 1 + step], pos + step, attend)
+            state = draft.step(hidden, ids[:, 1 + step:n + 1 + step], pos + step, attention.attends)
             pred = int(draft.draft_ids()[draft.logits(state[0, -1]).argmax()])
             assert pred == proposed[step]
             hidden = state

@@ -17,6 +17,7 @@ import json
 import time
 
 import pytest
+from safetensors import safe_open
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.data.conversation import check_conversation
@@ -152,10 +153,12 @@ def test_bench_eagle3_accept_length_from_vllm_counters_matches_the_in_process_ev
 
 # Layer variants beside the default layer (model.draft.*; eagle3.draft.options.LAYER_VARIANTS):
 # each set is trained on the chain's data, exported for vLLM only, and served by vLLM's CPU build.
+# The second is also a two-layer draft (layers.1.* beside midlayer.*; SGLang builds one layer only),
+# so one more server start covers neither.
 VARIANT_SETS = {
     "fc_norm": ("model.draft.fc_norm=true",),
-    "speculators_layer": ("model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true",
-                          "model.draft.norm_output=true"),
+    "speculators_layer_2_layers": ("model.draft.norm_before_residual=true", "model.draft.norm_before_fc=true",
+                                   "model.draft.norm_output=true", "model.draft.num_layers=2"),
 }
 
 
@@ -179,7 +182,12 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain
     assert "no sglang export: it cannot serve model.draft." in trained.stdout + trained.stderr
     [train_unit] = unit_dirs(root, "train") - before
     served = json.loads((train_unit / "draft" / "vllm" / "config.json").read_text())
-    assert all(served[f.split("=")[0].removeprefix("model.draft.")] is True for f in VARIANT_SETS[variant]), served
+    variants = [f.split("=")[0].removeprefix("model.draft.") for f in VARIANT_SETS[variant] if f.endswith("=true")]
+    assert all(served[name] is True for name in variants), served
+    layers = 2 if "model.draft.num_layers=2" in VARIANT_SETS[variant] else 1
+    assert served["num_hidden_layers"] == layers
+    weights = safe_open(str(train_unit / "draft" / "vllm" / "model.safetensors"), "pt").keys()
+    assert sorted({k.split(".")[1] for k in weights if k.startswith("layers.")}) == [str(i) for i in range(1, layers)]
     assert sorted(p.name for p in (train_unit / "draft").iterdir()) == ["vllm"]
     [eval_unit] = [d for d in unit_dirs(root, "eval") if Manifest.load(d).inputs["train"]["path"] == str(train_unit)]
     in_process = json.loads((eval_unit / "eval_report.json").read_text())["real"][str(K)]
@@ -201,3 +209,4 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain
     # SGLang is refused before anything starts: it has no such layer.
     refused = run_cli(["stage=bench", *flags, "server=sglang", f"paths.root={root}"], cwd=work)
     assert refused.returncode == 2 and "sglang cannot serve this draft layer variant" in refused.stderr
+    assert ("model.draft.num_layers: 2 -- sglang cannot serve" in refused.stderr) is (layers == 2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -83,8 +84,27 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
     return torch.cat(outs, dim=-2).view(bsz, hq, seq, dim)
 
 
+class TTTAttention:
+    """The attention patterns of one TTT unroll: per draft layer, the keys/values of steps 0..k.
+
+    `attends[i]` is layer i's pattern for `Eagle3Draft.step`: it appends the step's keys to that
+    layer's list and attends over them (`ttt_attention`), so every layer sees only its own keys.
+    """
+
+    def __init__(self, num_layers: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.keys: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.values: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
+        self.attends = [partial(self._attend, layer) for layer in range(num_layers)]
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.keys[layer].append(k)
+        self.values[layer].append(v)
+        return ttt_attention(q, self.keys[layer], self.values[layer], self.block_size)
+
+
 class DraftKVCache:
-    """Keys/values of the draft's one attention layer for decoding, `[B, Hkv, len, D]`.
+    """Keys/values of one draft layer's attention for decoding, `[B, Hkv, len, D]`.
 
     Speculative decoding appends drafted positions and rolls them back after verification
     (`crop`), exactly like the target's cache.

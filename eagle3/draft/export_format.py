@@ -13,7 +13,7 @@ What the engines read (sources read for this file):
 * SGLang, `python/sglang/srt/model_executor/model_runner.py`: the aux ids from
   `eagle_config["eagle_aux_hidden_state_layer_ids"]` only (+1 applied internally; missing ->
   default capture) and `eagle_config["use_aux_hidden_state"]`.
-  `python/sglang/srt/models/llama_eagle3.py`: `architectures`, `num_hidden_layers`,
+  `python/sglang/srt/models/llama_eagle3.py`: `architectures`, `num_hidden_layers` (1, else it raises),
   `hidden_size`, heads/`head_dim`, `intermediate_size`, `hidden_act`, `rms_norm_eps`, rope
   fields, `vocab_size` (embedding rows), `draft_vocab_size` (None -> lm_head borrowed from the
   target), `tie_word_embeddings` (true -> lm_head = embedding), `target_hidden_size` (fc is
@@ -29,9 +29,11 @@ What the engines read (sources read for this file):
   `target_hidden_size` and `num_aux_hidden_states` (fc is `num_aux_hidden_states * target_hidden_size`
   wide; absent, the number of `eagle_config` ids, else 3), `eagle_config.use_aux_hidden_state`,
   the layer variants `norm_before_residual`, `norm_before_fc` (+ `input_norm.weight`), `fc_norm`
-  (+ `fc_norm.<i>.weight`) and `norm_output`, `attention_bias`/`mlp_bias`, `draft_vocab_size`; `midlayer.` is
-  renamed to `layers.0.`, `d2t` becomes `draft_id_to_target_id`, `t2d` is skipped and
-  `embed_tokens` is optional (the target's is shared when absent).
+  (+ `fc_norm.<i>.weight`) and `norm_output`, `attention_bias`/`mlp_bias`, `draft_vocab_size`,
+  `num_hidden_layers` (layer 0 reads 2H, layers >= 1 are plain Llama layers named `layers.<i>.*`
+  without `hidden_norm`); `midlayer.` is renamed to `layers.0.`, `d2t` becomes
+  `draft_id_to_target_id`, `t2d` is skipped and `embed_tokens` is optional (the target's is
+  shared when absent).
 
 The vLLM export deliberately does not repeat its ids inside `eagle_config`: SGLang reads
 only that place and would add 1 to them, whereas without them it falls back to its default
@@ -121,6 +123,18 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
         "d2t": (g.draft_vocab_size,),  # offsets: target id = i + d2t[i]
         "t2d": (g.vocab_size,),  # bool: target id in the draft vocab
     }
+    for i in range(1, g.num_layers):  # later layers: plain Llama layers, q/k/v read H
+        shapes.update({
+            f"layers.{i}.input_layernorm.weight": (h,),
+            f"layers.{i}.self_attn.q_proj.weight": (q, h),
+            f"layers.{i}.self_attn.k_proj.weight": (kv, h),
+            f"layers.{i}.self_attn.v_proj.weight": (kv, h),
+            f"layers.{i}.self_attn.o_proj.weight": (h, q),
+            f"layers.{i}.post_attention_layernorm.weight": (h,),
+            f"layers.{i}.mlp.gate_proj.weight": (g.intermediate_size, h),
+            f"layers.{i}.mlp.up_proj.weight": (g.intermediate_size, h),
+            f"layers.{i}.mlp.down_proj.weight": (h, g.intermediate_size),
+        })
     if g.norm_before_fc:
         shapes["input_norm.weight"] = (g.fc_in_features,)  # one norm over the C * H_target input
     if g.fc_norm:
@@ -155,7 +169,7 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
     cfg: dict[str, Any] = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
-        "num_hidden_layers": 1,
+        "num_hidden_layers": g.num_layers,  # SGLang: 1 only (geometry_refusals)
         "hidden_size": g.hidden_size,
         "num_attention_heads": g.num_attention_heads,
         "num_key_value_heads": g.num_key_value_heads,

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.config.schema import ModelConfig
 from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
+from eagle3.engines import ENGINE_MAX_DRAFT_LAYERS
 from eagle3.layer_ids import (
     ENGINE_NUM_CAPTURES,
     ENGINES,
@@ -41,6 +42,7 @@ class DraftGeometry:
         draft_vocab_size: Rows of the draft's lm_head.
         capture_layers: Target capture indices (residual entering layer i).
         target_num_layers: For engines that recompute defaults from it.
+        num_layers: The draft's decoder layers (`model.draft.num_layers`); 1 is what SGLang serves.
         norm_before_residual / norm_before_fc / fc_norm / norm_output: the layer variant
             (`eagle3.draft.options.LAYER_VARIANTS`: what each changes, which engines serve it).
     """
@@ -60,6 +62,7 @@ class DraftGeometry:
     rope_scaling: Optional[dict] = None
     max_position_embeddings: int = 4096
     hidden_act: str = "silu"
+    num_layers: int = 1
     norm_before_residual: bool = False
     norm_before_fc: bool = False
     fc_norm: bool = False
@@ -126,6 +129,7 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
         max_position_embeddings=int(o.get("max_position_embeddings")
                                     or target_cfg.get("max_position_embeddings", 4096)),
         hidden_act=str(target_cfg.get("hidden_act", "silu")),
+        num_layers=int(o.get("num_layers") or 1),
         **variants,
     )
 
@@ -228,6 +232,12 @@ def geometry_refusals(g: DraftGeometry, engine: str, include_embedding: bool = F
             never does: the draft trains on the target's frozen embedding).
     """
     out = _capture_refusals(g, engine)
+    most = ENGINE_MAX_DRAFT_LAYERS[engine]
+    if most is not None and g.num_layers > most:
+        out.append(GeometryRefusal("num_layers", str(g.num_layers), f"{most} for {engine}",
+                                   f"{engine}'s llama_eagle3 raises 'EAGLE3 currently only supports {most} layer'; "
+                                   + ", ".join(e for e, n in ENGINE_MAX_DRAFT_LAYERS.items() if n is None)
+                                   + " serves any number"))
     for name in variant_engines_refusing(g.variants(), [engine]).get(engine, []):
         out.append(GeometryRefusal(name, "true", f"false for {engine}",
                                    f"{engine}'s llama_eagle3 has no such option and would run the plain layer; "

@@ -1,16 +1,25 @@
-"""The EAGLE-3 draft network: fc fusion, one decoder layer over [embed; hidden], draft lm_head.
+"""The EAGLE-3 draft network: fc fusion, decoder layers over [embed; hidden], draft lm_head.
 
 Parameter names are the serving engines' (docs/design.md, 'Facts: SGLang', draft checkpoint):
-`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`, so export is a rename-free
-copy. The layer follows the engines' forward exactly, because a draft trained on a different
-residual convention loads without error and then accepts nothing:
+`fc`, `midlayer.*`, `layers.<i>.*` (i >= 1), `norm`, `lm_head`, `d2t`, `t2d`, `embed_tokens`, so
+export is a rename-free copy (vLLM renames `midlayer.` to `layers.0.`). The layers follow the
+engines' forward exactly, because a draft trained on a different residual convention loads
+without error and then accepts nothing:
 
     hidden = fc(aux)                                                    # step 0 only
     residual = hidden
-    x = cat(input_layernorm(embed(token)), hidden_norm(hidden))        # [.., 2H]
+    x = cat(input_layernorm(embed(token)), hidden_norm(hidden))        # [.., 2H]   midlayer
     h = o_proj(attn(q/k/v_proj(x))) + residual
-    out = mlp(post_attention_layernorm(h)) + h                         # next step's hidden
-    logits = lm_head(norm(out))                                         # over the draft vocab
+    out = mlp(post_attention_layernorm(h)) + h
+    for layer i = 1 .. num_layers-1:                                    # vLLM's llama_eagle3
+        h = o_proj(attn(q/k/v_proj(input_layernorm(out)))) + out       # q/k/v read H, not 2H
+        out = mlp(post_attention_layernorm(h)) + h
+    logits = lm_head(norm(out))                                         # out: next step's hidden
+
+Only the first layer sees the token embedding; the later ones are plain Llama layers on the
+residual stream, each with its own attention (its own keys in training-time test and its own
+KV cache when decoding), which is what vLLM 0.32's `llama_eagle3.py` builds for
+`num_hidden_layers > 1`. SGLang builds one layer only (`eagle3.draft.geometry` refuses more).
 
 The layer variants vLLM also serves (`DraftGeometry` flags, `eagle3.draft.options`) change
 three lines: `norm_before_fc` / `fc_norm` normalise aux (whole, or per captured layer) before
@@ -20,7 +29,7 @@ fc; `norm_before_residual` makes the residual `hidden_norm(hidden)`; `norm_outpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -45,18 +54,18 @@ class RMSNorm(nn.Module):
 
 
 class DraftAttention(nn.Module):
-    """q/k/v read the 2H concatenation; the attention pattern is supplied by the caller."""
+    """q/k/v read `in_features` (2H in the first layer, H after); the pattern is the caller's."""
 
-    def __init__(self, g: DraftGeometry) -> None:
+    def __init__(self, g: DraftGeometry, in_features: int) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = g.num_attention_heads, g.num_key_value_heads, g.head_dim
-        self.q_proj = nn.Linear(2 * g.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * g.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * g.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.q_proj = nn.Linear(in_features, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, g.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        bsz, seq, _ = x.shape  # x [B, T, 2H]
+        bsz, seq, _ = x.shape  # x [B, T, in_features]
         q = self.q_proj(x).view(bsz, seq, self.heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
         k = self.k_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = self.v_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -77,12 +86,14 @@ class DraftMLP(nn.Module):
 
 
 class DraftDecoderLayer(nn.Module):
+    """The first layer (`midlayer`): attention over cat(embedding, hidden)."""
+
     def __init__(self, g: DraftGeometry) -> None:
         super().__init__()
         self.norm_before_residual = g.norm_before_residual
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.hidden_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        self.self_attn = DraftAttention(g)
+        self.self_attn = DraftAttention(g, 2 * g.hidden_size)
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.mlp = DraftMLP(g)
 
@@ -92,6 +103,21 @@ class DraftDecoderLayer(nn.Module):
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
         h = self.self_attn(x, cos, sin, attend) + residual
+        return self.mlp(self.post_attention_layernorm(h)) + h
+
+
+class DraftStackLayer(nn.Module):
+    """A later layer (`layers.<i>`, i >= 1): a plain pre-norm Llama layer on the residual stream."""
+
+    def __init__(self, g: DraftGeometry) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.self_attn = DraftAttention(g, g.hidden_size)
+        self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.mlp = DraftMLP(g)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), cos, sin, attend) + x  # x [B, T, H]
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 
@@ -116,6 +142,8 @@ class Eagle3Draft(nn.Module):
         self.fc_norm = nn.ModuleList(RMSNorm(g.fc_in_features // captures, g.rms_norm_eps)
                                      for _ in range(captures)) if g.fc_norm else None
         self.midlayer = DraftDecoderLayer(g)
+        # Keyed "1", "2", ...: the state dict says `layers.1.*`, the name vLLM loads layer 1 from.
+        self.layers = nn.ModuleDict({str(i): DraftStackLayer(g) for i in range(1, g.num_layers)})
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.lm_head = nn.Linear(g.hidden_size, g.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(g.draft_vocab_size, dtype=torch.long))
@@ -156,11 +184,20 @@ class Eagle3Draft(nn.Module):
         return cos, sin
 
     def step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
-             attend: Attend) -> torch.Tensor:
-        """One draft step: hidden `[B, T, H]` (fc output or previous step), ids `[B, T]` -> `[B, T, H]`."""
+             attends: Sequence[Attend]) -> torch.Tensor:
+        """One draft step: hidden `[B, T, H]` (fc output or previous step), ids `[B, T]` -> `[B, T, H]`.
+
+        `attends` holds one attention pattern per layer (`geometry.num_layers`, layer order): each
+        layer attends over its own keys.
+        """
+        if len(attends) != self.geometry.num_layers:
+            raise ValueError(f"{len(attends)} attention patterns for a {self.geometry.num_layers}-layer draft")
         cos, sin = self.rope(positions, hidden.dtype)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        return self.midlayer(embeds, hidden, cos, sin, attend)
+        out = self.midlayer(embeds, hidden, cos, sin, attends[0])
+        for layer, attend in zip(self.layers.values(), attends[1:], strict=True):
+            out = layer(out, cos, sin, attend)
+        return out
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits `[..., draft_vocab]` of step output states `[..., H]`."""

@@ -138,18 +138,28 @@ class Drafter(Protocol):
 
 
 class Eagle3Drafter:
-    """Chain (top-1) drafting with an `Eagle3Draft` and its own `DraftKVCache`."""
+    """Chain (top-1) drafting with an `Eagle3Draft` and a `DraftKVCache` per draft layer."""
 
     def __init__(self, draft: Eagle3Draft) -> None:
         self.draft = draft
-        self.cache = DraftKVCache()
+        self.caches = self._new_caches()
         self.last_state: torch.Tensor | None = None  # [1, 1, H]: step-0 output at the last position
         self.length = 0  # committed positions in the cache
 
     def reset(self) -> None:
-        self.cache = DraftKVCache()
+        self.caches = self._new_caches()
         self.last_state = None
         self.length = 0
+
+    def _new_caches(self) -> list[DraftKVCache]:
+        return [DraftKVCache() for _ in range(self.draft.geometry.num_layers)]
+
+    def _attends(self):
+        return [cache.attend for cache in self.caches]
+
+    def _crop(self, length: int) -> None:
+        for cache in self.caches:
+            cache.crop(length)
 
     def _device(self) -> torch.device:
         return self.draft.fc.weight.device
@@ -158,13 +168,13 @@ class Eagle3Drafter:
     def extend(self, aux: torch.Tensor, next_tokens: Sequence[int], start: int) -> None:
         if start != self.length:
             raise RuntimeError(f"draft cache holds {self.length} positions, extend starts at {start}")
-        self.cache.crop(start)  # drop drafted keys before adding committed positions
+        self._crop(start)  # drop drafted keys before adding committed positions
         device = self._device()
         m = aux.shape[0]
         hidden = self.draft.project(aux.to(device).unsqueeze(0))  # [1, m, H]
         ids = torch.as_tensor(list(next_tokens), dtype=torch.long, device=device).unsqueeze(0)  # [1, m]
         pos = torch.arange(start, start + m, device=device)
-        state = self.draft.step(hidden, ids, pos, self.cache.attend)  # [1, m, H]
+        state = self.draft.step(hidden, ids, pos, self._attends())  # [1, m, H]
         self.last_state = state[:, -1:]
         self.length = start + m
 
@@ -180,10 +190,10 @@ class Eagle3Drafter:
         tokens.append(int(token))
         for j in range(1, k):
             pos = torch.tensor([t + j], device=state.device)
-            state = self.draft.step(self.draft.carry(state), token, pos, self.cache.attend)
+            state = self.draft.step(self.draft.carry(state), token, pos, self._attends())
             token = draft_ids[self.draft.logits(state).argmax(-1)]
             tokens.append(int(token))
-        self.cache.crop(self.length)  # drafted positions never stay in the cache
+        self._crop(self.length)  # drafted positions never stay in the caches
         return tokens
 
 

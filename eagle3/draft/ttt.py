@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from eagle3.draft.attention import ttt_attention
+from eagle3.draft.attention import TTTAttention
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LOSS_KL, LOSS_TV, LOSSES, OOV_MASK, OUT_OF_VOCAB_POLICIES
 
@@ -282,17 +282,11 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     pos = torch.arange(seq, device=device)
     mask = loss_mask.bool()
     hidden = draft.project(aux)  # [B, T, H]
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
+    attention = TTTAttention(draft.geometry.num_layers, block_size)
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
     neg_entropy = teacher.neg_entropy
     assert neg_entropy is not None  # set by Teacher.__post_init__
-
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        keys.append(k)
-        values.append(v)
-        return ttt_attention(q, keys, values, block_size)
 
     losses, step_loss, correct, counted, loss_tokens = [], [], [], [], []
     grad = torch.is_grad_enabled()
@@ -303,7 +297,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             break
         tokens = torch.zeros_like(input_ids)
         tokens[:, :span] = input_ids[:, shift:]
-        state = draft.step(hidden, tokens, pos + k, attend)  # [B, T, H]
+        state = draft.step(hidden, tokens, pos + k, attention.attends)  # [B, T, H]
 
         j = pos[:span] + shift + 1  # predicted token index per position t < span
         in_sample = j.unsqueeze(0) < lengths.unsqueeze(1)  # [B, span]
