@@ -39,18 +39,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor,
-                     start: int, scale: float, own: torch.Tensor | None = None) -> torch.Tensor:
+                     start: int, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
     """One query block against its causal prefix and its own diagonal keys.
 
     Shapes (G = query heads per kv head, b = block length, e = start + b - first key, S = diagonal
     steps): q `[B, Hkv, G, b, D]`, k0/v0 `[B, Hkv, 1, e, D]`, kd/vd `[B, Hkv, 1, b, S, D]`.
-    `own` `[B, 1, 1, b, e]` (packed rows): which keys lie in each query's sample; the prefix then
-    starts at the block's first key rather than at 0.
+    Packed rows: `starts` `[B, b]` is where each query's sample starts, counted from the block's
+    first key (the prefix need not start at 0); a query then sees the keys of its own sample only.
+    The mask is built here, so backward recomputes it instead of keeping `b x e` per block.
     """
     b, e = q.shape[-2], k0.shape[-2]
     causal = (q.new_ones(b, e, dtype=torch.bool)).tril(diagonal=start)  # query i sees keys <= start + i
+    if starts is not None:  # and keys >= the start of its sample
+        causal = causal & (torch.arange(e, device=q.device) >= starts.unsqueeze(-1))[:, None, None]  # [B,1,1,b,e]
     s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, Hkv, G, b, e]
-    s0 = s0.masked_fill(~causal if own is None else ~own, float("-inf"))
+    s0 = s0.masked_fill(~causal, float("-inf"))
     sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # [B, Hkv, G, b, S]
     probs = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)
     out = torch.matmul(probs[..., :e], v0)  # [B, Hkv, G, b, D]
@@ -89,13 +92,8 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
     outs = []
     for number, start in enumerate(blocks):
         end = min(seq, start + block_size)
-        first, own = 0, None
-        if starts is not None:
-            first = firsts[number]
-            key = torch.arange(first, end, device=q.device)
-            query = torch.arange(start, end, device=q.device)
-            own = (key <= query.unsqueeze(-1)) & (key >= starts[:, start:end].unsqueeze(-1))  # [B, b, e]
-            own = own[:, None, None]
+        first = firsts[number] if starts is not None else 0
+        own = starts[:, start:end] - first if starts is not None else None  # [B, b]
         args = (qg[..., start:end, :], k0[..., first:end, :], v0[..., first:end, :], kd[..., start:end, :, :],
                 vd[..., start:end, :, :], start - first, scale, own)
         outs.append(checkpoint(_block_attention, *args, use_reentrant=False) if grad else _block_attention(*args))
