@@ -319,3 +319,28 @@ def test_hybrid_stores_states_in_epoch_1_reads_them_after_and_trains_as_store_mo
     bytes_per_token = formats.bytes_per_token("bf16", 256, 3)  # the demo target: H 256, 3 captures
     [capped_store] = [d for d in capped_root.iterdir() if d.is_dir() and not d.name.startswith(".")]
     assert sum(e.seq_len for e in HiddenStateStore(capped_store).entries.values()) * bytes_per_token <= 3_000_000
+
+
+@pytest.mark.slow
+def test_packed_rows_train_every_sample_once_per_epoch_in_fewer_steps(chain_root):
+    """`train.packing=true`: each step one row of whole samples (`eagle3.draft.packing`); the fit trains
+    every sample token once per epoch, nothing padded, in one step per packed row."""
+    from eagle3.draft.batching import plan_token_batches
+    from eagle3.draft.packing import pack_rows
+    from eagle3.extract.dataset import HiddenStateDataset
+
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    done = train_cli(chain_root, "train.max_epochs=2", "train.packing=true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    unit = unit_for(chain_root, before)
+    manifest = Manifest.load(unit)
+    assert manifest.status == "complete" and manifest.config["train"]["packing"] is True
+    extra = manifest.extra
+    [extract] = sorted(d for d in (chain_root / "extract").iterdir() if d.is_dir())
+    lengths = [int(n) for n in HiddenStateDataset.from_manifests(Manifest.load(extract), "train").lengths]
+    rows = pack_rows(lengths, 1024)
+    assert extra["epochs"] == 2 and extra["global_step"] == 2 * len(rows) < 2 * len(plan_token_batches(lengths, 1024))
+    assert extra["train_tokens_this_run"] == 2 * extra["train_tokens_per_epoch"] == 2 * sum(lengths)
+    ev = extra["eval"]
+    assert len(ev["acc"]) == 3 and ev["acc"][0] > 0.05 and ev["sim_accept_len"] > 1.05, ev  # it learned
+    assert (unit / "checkpoints" / "last.ckpt").is_file() and set(extra["exports"]) == {"vllm"}

@@ -339,6 +339,10 @@ class TrainConfig:
     max_epochs: int = 1
     max_steps: int = -1
     batch_tokens: int = 8192
+    # true = each step is one row of whole samples packed up to batch_tokens tokens (a longer sample is
+    # a row of its own), no padding; TTT keeps attention and predictions within each sample
+    # (eagle3.draft.packing). false = right-padded samples of similar length, batch_tokens padded tokens.
+    packing: bool = False
     warmup_ratio: float = 0.03
     lr_schedule: str = "cosine"  # cosine | linear, after the warmup, down to min_lr_ratio x lr
     min_lr_ratio: float = 0.1

@@ -6,6 +6,11 @@ position t. Written as one mask this is an L x (k+1)L matrix; here the causal pa
 one query block at a time and the diagonal part as per-position dot products, both inside one
 softmax, and every block is recomputed in backward (activation checkpointing), so neither
 forward nor backward ever holds more than `block_size x L` scores per head.
+
+Packed rows (`train.packing`, `eagle3.draft.packing`) hold several samples: there the causal part
+also requires the key to lie in the query's own sample (at or after its start), and a block reads
+no key before the earliest sample start among its queries, so its scores are `block_size x
+(block_size + the longest sample)`: compute and memory follow the samples' lengths, not the row's.
 """
 
 from __future__ import annotations
@@ -35,14 +40,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor,
-                     start: int, scale: float) -> torch.Tensor:
+                     start: int, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
     """One query block against its causal prefix and its own diagonal keys.
 
-    Shapes (G = query heads per kv head, b = block length, e = start + b, S = diagonal steps):
-    q `[B, Hkv, G, b, D]`, k0/v0 `[B, Hkv, 1, e, D]`, kd/vd `[B, Hkv, 1, b, S, D]`.
+    Shapes (G = query heads per kv head, b = block length, e = start + b - first key, S = diagonal
+    steps): q `[B, Hkv, G, b, D]`, k0/v0 `[B, Hkv, 1, e, D]`, kd/vd `[B, Hkv, 1, b, S, D]`.
+    Packed rows: `starts` `[B, b]` is where each query's sample starts, counted from the block's
+    first key (the prefix need not start at 0); a query then sees the keys of its own sample only.
+    The mask is built here, so backward recomputes it instead of keeping `b x e` per block.
     """
     b, e = q.shape[-2], k0.shape[-2]
     causal = (q.new_ones(b, e, dtype=torch.bool)).tril(diagonal=start)  # query i sees keys <= start + i
+    if starts is not None:  # and keys >= the start of its sample
+        causal = causal & (torch.arange(e, device=q.device) >= starts.unsqueeze(-1))[:, None, None]  # [B,1,1,b,e]
     s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, Hkv, G, b, e]
     s0 = s0.masked_fill(~causal, float("-inf"))
     sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # [B, Hkv, G, b, S]
@@ -52,13 +62,15 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
 
 
 def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-                  block_size: int) -> torch.Tensor:
+                  block_size: int, starts: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of step k = len(keys) - 1 of the training-time test.
 
     Args:
         q: Queries of step k, `[B, Hq, T, D]`, rope already applied.
         keys / values: Per step 0..k, `[B, Hkv, T, D]` each (rope applied to keys).
         block_size: Query rows per block; peak score memory is `B * Hq * block_size * T`.
+        starts: Packed rows: `[B, T]` row index of the first token of each position's sample; a
+            query attends to the step-0 keys of its own sample only. None: one sample per row.
 
     Returns:
         `[B, Hq, T, D]`.
@@ -75,11 +87,16 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
     else:
         kd = vd = q.new_zeros(bsz, hkv, 1, seq, 0, dim)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, *keys, *values))
+    blocks = range(0, seq, block_size)
+    if starts is not None:  # each block's first key: the earliest sample start among its queries
+        firsts = starts[:, ::block_size].amin(0).tolist()  # a row's starts never decrease
     outs = []
-    for start in range(0, seq, block_size):
+    for number, start in enumerate(blocks):
         end = min(seq, start + block_size)
-        args = (qg[..., start:end, :], k0[..., :end, :], v0[..., :end, :], kd[..., start:end, :, :],
-                vd[..., start:end, :, :], start, scale)
+        first = firsts[number] if starts is not None else 0
+        own = starts[:, start:end] - first if starts is not None else None  # [B, b]
+        args = (qg[..., start:end, :], k0[..., first:end, :], v0[..., first:end, :], kd[..., start:end, :, :],
+                vd[..., start:end, :, :], start - first, scale, own)
         outs.append(checkpoint(_block_attention, *args, use_reentrant=False) if grad else _block_attention(*args))
     return torch.cat(outs, dim=-2).view(bsz, hq, seq, dim)
 
@@ -88,11 +105,12 @@ class TTTAttention:
     """The attention patterns of one TTT unroll: per draft layer, the keys/values of steps 0..k.
 
     `attends[i]` is layer i's pattern for `Eagle3Draft.step`: it appends the step's keys to that
-    layer's list and attends over them (`ttt_attention`), so every layer sees only its own keys.
+    layer's list and attends over them (`ttt_attention`, with the packed rows' sample `starts`), so
+    every layer sees only its own keys.
     """
 
-    def __init__(self, num_layers: int, block_size: int) -> None:
-        self.block_size = block_size
+    def __init__(self, num_layers: int, block_size: int, starts: torch.Tensor | None = None) -> None:
+        self.block_size, self.starts = block_size, starts
         self.keys: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.values: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.attends = [partial(self._attend, layer) for layer in range(num_layers)]
@@ -100,7 +118,7 @@ class TTTAttention:
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.keys[layer].append(k)
         self.values[layer].append(v)
-        return ttt_attention(q, self.keys[layer], self.values[layer], self.block_size)
+        return ttt_attention(q, self.keys[layer], self.values[layer], self.block_size, self.starts)
 
 
 class DraftKVCache:

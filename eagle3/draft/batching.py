@@ -1,7 +1,8 @@
 """Batches for draft training: token-budget batches over the hidden-state store, resumable.
 
 Samples of similar length are batched together so padding stays small, and a batch holds at
-most `batch_tokens` padded tokens (memory is what limits a batch, not a sample count). The
+most `batch_tokens` padded tokens (memory is what limits a batch, not a sample count); with
+`train.packing` a batch is instead one row of whole samples concatenated (`eagle3.draft.packing`). The
 batch order is a seeded permutation per epoch, so the data position is just (epoch, batches
 done): a resumed run skips exactly the batches the checkpoint had trained on. Under DDP each
 rank takes every world_size-th batch of the same order, truncated to an equal count.
@@ -17,6 +18,8 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from eagle3.draft.packing import collate_packed, pack_rows
 
 if TYPE_CHECKING:
     from eagle3.extract.dataset import SplitDataset
@@ -45,11 +48,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         lengths: Sample lengths. batch_tokens: Padded-token budget per batch.
         shuffle: Permute the batch order each epoch (seed + epoch); False keeps length order.
         rank / world_size: This process's share of the batches.
+        packing: Batches are packed rows (`eagle3.draft.packing.pack_rows`) instead of padded ones.
     """
 
     def __init__(self, lengths: Sequence[int], batch_tokens: int, *, shuffle: bool = True, seed: int = 0,
-                 rank: int = 0, world_size: int = 1) -> None:
-        self.batches = plan_token_batches(list(lengths), batch_tokens)
+                 rank: int = 0, world_size: int = 1, packing: bool = False) -> None:
+        plan = pack_rows if packing else plan_token_batches
+        self.batches = plan(list(lengths), batch_tokens)
         self.shuffle, self.seed = shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
@@ -105,10 +110,11 @@ class DraftDataModule(L.LightningDataModule):
     """
 
     def __init__(self, train: SplitDataset, eval: Optional[SplitDataset], *, batch_tokens: int, seed: int = 0,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, packing: bool = False) -> None:
         super().__init__()
         self.train_set, self.eval_set = train, eval
         self.batch_tokens, self.seed, self.num_workers = batch_tokens, seed, num_workers
+        self.packing = packing  # training batches only: eval reads the same figures either way
         self.epoch = 0
         self.batches_done = 0  # in self.epoch
         self._resume: Optional[tuple[int, int]] = None
@@ -121,9 +127,10 @@ class DraftDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = self._rank()
         self._sampler = TokenBudgetBatchSampler(np.asarray(self.train_set.lengths).tolist(), self.batch_tokens,
-                                                shuffle=True, seed=self.seed, rank=rank, world_size=world)
-        return DataLoader(self.train_set, batch_sampler=_EpochSampler(self), collate_fn=collate_padded,
-                          num_workers=self.num_workers)
+                                                shuffle=True, seed=self.seed, rank=rank, world_size=world,
+                                                packing=self.packing)
+        return DataLoader(self.train_set, batch_sampler=_EpochSampler(self),
+                          collate_fn=collate_packed if self.packing else collate_padded, num_workers=self.num_workers)
 
     def val_dataloader(self) -> Optional[DataLoader]:
         if self.eval_set is None or len(self.eval_set) == 0:

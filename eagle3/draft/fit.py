@@ -173,7 +173,7 @@ def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: t
     d2t, t2d = vocab_maps
     module = DraftModule(geometry, head, t, embed=embed, d2t=d2t, t2d=t2d)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=t.batch_tokens,
-                           seed=config.seed, num_workers=t.num_workers)
+                           seed=config.seed, num_workers=t.num_workers, packing=t.packing)
     trainer = build_trainer(config, run_dir, unit_dir, [data.position_callback()])
     ckpt_dir = unit_dir / CHECKPOINT_DIR
     resume, resumed_at = resume_point(ckpt_dir)

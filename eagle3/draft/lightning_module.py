@@ -64,7 +64,8 @@ class DraftModule(L.LightningModule):
 
     # ------------------------------------------------------------------ forward
     def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0):
-        needed = teacher_positions(batch["loss_mask"], batch["lengths"])
+        packed = {key: batch[key] for key in ("positions", "segment_ends") if key in batch}  # train.packing
+        needed = teacher_positions(batch["loss_mask"], batch["lengths"], **packed)
         aux = add_state_noise(batch["aux"], len(self.draft.geometry.capture_layers), state_noise)
         t = self.train_config
         renormalise = t.teacher == TEACHER_DRAFT_VOCAB
@@ -77,7 +78,7 @@ class DraftModule(L.LightningModule):
         return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
                            block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,
-                           loss=t.loss)
+                           loss=t.loss, **packed)
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}

@@ -4,6 +4,8 @@ Indexing (docs/design.md, 'Training-time test'), for a sample of length n and st
 position t: the draft reads fc(aux[t]) (step 0) or its own step-(k-1) output at t, plus the embedding of
 token t+1+k; it predicts token j = t+2+k against the teacher distribution at position t+1+k
 (the target's prediction of token j). The prediction counts iff j < n and loss_mask[j] = 1.
+In a packed row (`train.packing`, `eagle3.draft.packing`) t, n and the rope positions are the
+sample's own: j must lie in t's sample, attention stays within it, positions restart at 0.
 
 The teacher is the frozen target lm_head applied to the stored final state, restricted (and
 renormalised) to the draft vocab. When the target's argmax over its full vocab is not in the
@@ -64,17 +66,23 @@ class Teacher:
         return self.probs[row]
 
 
-def teacher_positions(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def teacher_positions(loss_mask: torch.Tensor, lengths: torch.Tensor, positions: torch.Tensor | None = None,
+                      segment_ends: torch.Tensor | None = None) -> torch.Tensor:
     """`[B, T]` bool: positions p whose teacher row some TTT step reads.
 
     Step k at t reads the teacher at p = t+1+k (k >= 0, so p >= 1) for the token p+1, which must
-    be inside the sample and in the loss mask.
+    be inside the sample and in the loss mask. Packed rows (`positions`, `segment_ends` `[B, T]`,
+    `eagle3.draft.packing`): p is not its sample's first token and p+1 lies before its sample's end.
     """
     bsz, seq = loss_mask.shape
     needed = torch.zeros(bsz, seq, dtype=torch.bool, device=loss_mask.device)
     if seq > 2:
         nxt = torch.arange(2, seq, device=loss_mask.device)  # p + 1 for p = 1 .. T-2
-        needed[:, 1:seq - 1] = loss_mask[:, 2:].bool() & (nxt.unsqueeze(0) < lengths.unsqueeze(1))
+        if segment_ends is None or positions is None:
+            needed[:, 1:seq - 1] = loss_mask[:, 2:].bool() & (nxt.unsqueeze(0) < lengths.unsqueeze(1))
+        else:
+            needed[:, 1:seq - 1] = (loss_mask[:, 2:].bool() & (nxt.unsqueeze(0) < segment_ends[:, 1:seq - 1])
+                                    & (positions[:, 1:seq - 1] >= 1))
     return needed
 
 
@@ -259,7 +267,8 @@ def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, ro
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
-                block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL) -> TTTOutput:
+                block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
+                positions: torch.Tensor | None = None, segment_ends: torch.Tensor | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
@@ -272,6 +281,9 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
         lengths: `[B]` real lengths (positions beyond are padding).
         teacher: From `teacher_targets` over the same batch (at least `teacher_positions`).
+        positions / segment_ends: Packed rows (`eagle3.draft.packing.collate_packed`), `[B, T]`:
+            each token's position in its sample and the row index where its sample ends. None:
+            one sample per row, at positions 0, 1, ...
     """
     if out_of_vocab not in OUT_OF_VOCAB_POLICIES:
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
@@ -282,7 +294,11 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     pos = torch.arange(seq, device=device)
     mask = loss_mask.bool()
     hidden = draft.project(aux)  # [B, T, H]
-    attention = TTTAttention(draft.geometry.num_layers, block_size)
+    ends, starts, rope_pos = lengths.unsqueeze(1), None, pos  # where t's sample ends and starts; its position
+    packed = positions is not None and segment_ends is not None
+    if positions is not None and segment_ends is not None:
+        ends, starts, rope_pos = segment_ends, pos - positions, positions  # [B, T] each
+    attention = TTTAttention(draft.geometry.num_layers, block_size, starts)
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
     neg_entropy = teacher.neg_entropy
@@ -297,10 +313,12 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             break
         tokens = torch.zeros_like(input_ids)
         tokens[:, :span] = input_ids[:, shift:]
-        state = draft.step(hidden, tokens, pos + k, attention.attends)  # [B, T, H]
+        if packed:  # the next sample's tokens are not this one's: read 0 past the end, as a lone sample does
+            tokens = tokens.masked_fill(pos + shift >= ends, 0)
+        state = draft.step(hidden, tokens, rope_pos + k, attention.attends)  # [B, T, H]
 
         j = pos[:span] + shift + 1  # predicted token index per position t < span
-        in_sample = j.unsqueeze(0) < lengths.unsqueeze(1)  # [B, span]
+        in_sample = j.unsqueeze(0) < ends[:, :span]  # [B, span]
         target_mask = torch.zeros_like(in_sample)
         target_mask[:, :span - 1] = mask[:, shift + 1:]
         count = in_sample & target_mask

@@ -65,6 +65,8 @@ def hybrid_store(cfg: DictConfig, ctx: StageContext, unit_dir: Path) -> Optional
 
 def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     train = {k: v for k, v in config_dict(cfg.train, resolve=True).items() if k not in _UNTRACKED}
+    if not train.get("packing"):
+        train.pop("packing", None)  # padded batches keep the fingerprint they had before train.packing
     config = {"train": train, "draft": OmegaConf.to_container(cfg.model.draft, resolve=True), "seed": int(cfg.seed),
               "format": FORMAT_VERSION}
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
