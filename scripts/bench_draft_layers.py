@@ -13,8 +13,9 @@ ratios to the one-layer draft:
 * drafted token: `Eagle3Drafter.propose(K)` after a `--prefix`-token prefill, per proposed token
   (the draft's share of a speculative step; the target's verify is the same for every draft).
 
-Parameters are also counted at the Kimi-K2.5 geometry (hidden 7168, fc 21504 -> 7168, draft
-vocab 32K, target vocab 163840) on the meta device, without allocating them.
+Parameters are also counted at the Kimi-K2.5 draft geometry (conf/model/kimi_k25.yaml: hidden
+7168, fc 21504 -> 7168, 64 query and 8 kv heads, MLP 18432, draft vocab 32K, target vocab
+163840) on the meta device, without allocating them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from eagle3.draft.ttt import teacher_targets, ttt_forward  # noqa: E402
 from eagle3.layer_ids import default_capture_layers  # noqa: E402
 from eagle3.target_info import read_config  # noqa: E402
 
-KIMI = {"hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 64, "head_dim": 112,
+KIMI = {"hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 112,
         "intermediate_size": 18432, "vocab_size": 163840, "num_hidden_layers": 61}
 
 

@@ -57,7 +57,7 @@ def test_kimi_extraction_server_on_eight_gpus(tmp_path):
     argv = extraction_command(cfg, tmp_path / "run").argv
     assert _flag(argv, "--tensor-parallel-size") == "8" and "--trust-remote-code" in argv
     assert vllm_layer_ids(cfg.model) == [2, 30, 58, 61]
-    assert _flag(argv, "--max-model-len") == "10241"
+    assert _flag(argv, "--max-model-len") == "16385"  # data.max_len 16384 (10K+ trajectories) + 1
     assert "VLLM_CPU_KVCACHE_SPACE" not in extraction_command(cfg, tmp_path / "run").env  # vllm_gpu: no CPU env
 
 

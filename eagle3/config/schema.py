@@ -48,9 +48,7 @@ class DraftGeometryConfig:
     num_attention_heads: Optional[int] = None
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
-    # Decoder layers: the first reads cat(embedding, hidden), later ones the residual stream. vLLM
-    # serves any number, SGLang one (eagle3.engines.ENGINE_MAX_DRAFT_LAYERS), so a deeper draft
-    # is exported for vLLM only; BENCHMARKS.md "Deeper drafts" has the ablation.
+    # Decoder layers; vLLM serves any number, SGLang one (eagle3.engines.ENGINE_MAX_DRAFT_LAYERS).
     num_layers: int = 1
     # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all,
     # SGLang none, so a variant draft is exported for vLLM only). norm_before_residual follows the
