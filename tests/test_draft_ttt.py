@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -132,23 +133,27 @@ def test_loss_equals_hand_computed_kl_for_a_uniform_draft():
     assert out.correct.tolist() == [4, 3]
 
 
+def dense_attends(num_layers: int) -> list:
+    """Per draft layer, the dense reference of TTT attention over that layer's own keys of the steps so far."""
+    keys, values = [[] for _ in range(num_layers)], [[] for _ in range(num_layers)]  # per layer, per step
+
+    def attend(layer, q, k, v):
+        keys[layer].append(k)
+        values[layer].append(v)
+        return dense_ttt_attention(q, keys[layer], values[layer])
+
+    return [partial(attend, layer) for layer in range(num_layers)]
+
+
 def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
     """Token-by-token reference: explicit per-position states and a dense attention per step."""
     seq = ids.shape[1]
     hidden = draft.project(aux)
-    layers = draft.geometry.num_layers
-    keys, values = [[] for _ in range(layers)], [[] for _ in range(layers)]  # per layer, per step
+    attends = dense_attends(draft.geometry.num_layers)
     total = 0.0
     for k in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, :seq - 1 - k] = ids[:, 1 + k:]
-
-        def attend(layer, q, kk, vv):
-            keys[layer].append(kk)
-            values[layer].append(vv)
-            return dense_ttt_attention(q, keys[layer], values[layer])
-
-        attends = [lambda q, kk, vv, i=i: attend(i, q, kk, vv) for i in range(layers)]
         state = draft.step(hidden, tokens, torch.arange(seq) + k, attends)
         logq = torch.log_softmax(draft.logits(state), -1)
         terms, n = 0.0, 0

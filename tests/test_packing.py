@@ -15,7 +15,7 @@ from eagle3.draft.attention import ttt_attention
 from eagle3.draft.batching import TokenBudgetBatchSampler, collate_padded, plan_token_batches
 from eagle3.draft.packing import collate_packed, pack_rows, row_layout
 from eagle3.draft.ttt import teacher_positions, teacher_targets, ttt_forward
-from tests.test_draft_ttt import dense_ttt_attention, tiny_draft
+from tests.test_draft_ttt import dense_attends, tiny_draft
 
 LENGTHS = [300, 20, 700, 512, 1100, 90, 256, 256, 64, 5, 480, 33, 1024, 7, 150, 2000, 40, 610]
 
@@ -146,18 +146,10 @@ def naive_sample_terms(draft, s, head, steps):
     ids, mask, aux = s["input_ids"][None], s["loss_mask"], s["aux"][None]
     teacher = teacher_targets(s["final"][None], head, draft.draft_ids())
     hidden = draft.project(aux)
-    layers = draft.geometry.num_layers
-    keys, values, terms = [[] for _ in range(layers)], [[] for _ in range(layers)], []
+    attends, terms = dense_attends(draft.geometry.num_layers), []
     for k in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, :max(n - 1 - k, 0)] = ids[:, 1 + k:]
-
-        def attend(layer, q, kk, vv):
-            keys[layer].append(kk)
-            values[layer].append(vv)
-            return dense_ttt_attention(q, keys[layer], values[layer])
-
-        attends = [lambda q, kk, vv, i=i: attend(i, q, kk, vv) for i in range(layers)]
         state = draft.step(hidden, tokens, torch.arange(n) + k, attends)
         logq = torch.log_softmax(draft.logits(state), -1)[0]
         loss, n_loss, correct, counted = 0.0, 0, 0, 0
