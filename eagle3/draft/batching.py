@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from eagle3.draft.packing import collate_packed, pack_rows
+from eagle3.draft.packing import collate_packed, pack_rows, sample_keys
 
 if TYPE_CHECKING:
     from eagle3.extract.dataset import SplitDataset
@@ -96,9 +96,7 @@ def collate_padded(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
             out[row, :len(sample[key])] = sample[key]
         return out
 
-    teacher = ("final",) if "final" in samples[0] else ("teacher_ids", "teacher_logprob")  # compact: top k
-    return {"input_ids": pad("input_ids"), "loss_mask": pad("loss_mask"), "aux": pad("aux"),
-            **{key: pad(key) for key in teacher}, "lengths": lengths}
+    return {**{key: pad(key) for key in sample_keys(samples[0])}, "lengths": lengths}
 
 
 class DraftDataModule(L.LightningDataModule):

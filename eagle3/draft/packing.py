@@ -25,6 +25,12 @@ from typing import Any
 import torch
 
 
+def sample_keys(sample: dict[str, Any]) -> tuple[str, ...]:
+    """The per-token tensors of a store sample a batch carries: the final state, or a compact store's top k."""
+    teacher = ("final",) if "final" in sample else ("teacher_ids", "teacher_logprob")
+    return ("input_ids", "loss_mask", "aux", *teacher)
+
+
 def pack_rows(lengths: Sequence[int], row_tokens: int) -> list[list[int]]:
     """Sample indices grouped into rows of at most `row_tokens` tokens (best-fit decreasing).
 
@@ -73,8 +79,6 @@ def collate_packed(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """One packed row `[1, T]` / `[1, T, F]` of `samples`, in order, with the keys of
     `eagle3.draft.batching.collate_padded` (`lengths` `[1]` = T, nothing padded) plus the row layout."""
     sizes = [len(s["input_ids"]) for s in samples]
-    teacher = ("final",) if "final" in samples[0] else ("teacher_ids", "teacher_logprob")  # compact: top k
-    keys = ("input_ids", "loss_mask", "aux", *teacher)
-    batch = {key: torch.cat([s[key] for s in samples]).unsqueeze(0) for key in keys}
+    batch = {key: torch.cat([s[key] for s in samples]).unsqueeze(0) for key in sample_keys(samples[0])}
     layout = {key: value.unsqueeze(0) for key, value in row_layout(sizes).items()}
     return {**batch, "lengths": torch.tensor([sum(sizes)], dtype=torch.long), **layout}
