@@ -6,8 +6,8 @@
 #   scripts/setup_test_envs.sh && .venv/bin/python -m pytest
 #
 # Each install is mostly one installer unpacking and byte-compiling wheels, so the two together take
-# little more than the longer one. uv installs both when it can be had (scripts/venv_common.sh: 29 s
-# for the two instead of 71 s with pip on CI's 2-core VM, BENCHMARKS.md); pip otherwise.
+# little more than the longer one. uv installs both when it can be had (scripts/venv_common.sh: 48 s
+# for the two instead of 70 s with pip on CI's 2-core VM, BENCHMARKS.md); pip otherwise.
 # Byte-compiling stays on: where PYTHONDONTWRITEBYTECODE is set (this project's machines), modules
 # the installer did not compile are compiled again by every interpreter that imports them.
 # Environment: PYTHON (default python3), EAGLE3_NO_UV=1 (pip only), and what scripts/setup_vllm_cpu.sh reads.
