@@ -18,6 +18,7 @@ ensure_uv() {
         if ! { "$PYTHON" -m venv "$tool" && "$tool/bin/python" -m pip install --quiet "uv==$UV_VERSION"; } >&2; then
             log "uv==$UV_VERSION could not be installed; pip installs instead"
             UV=""
+            export EAGLE3_NO_UV=1  # the scripts this one starts do not try again
             return
         fi
     fi
