@@ -25,6 +25,7 @@ from eagle3.artifacts import Manifest
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 from eagle3.stages import CHAIN
 from eagle3.stages.dataset_files import expand_dataset_files
+from tests import time_budgets
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
 
@@ -115,7 +116,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         units.setdefault(work_unit(item.nodeid), []).append(item)
 
     def weight(unit: str) -> float:  # slow tests by their budgets (~3x their time); the rest ~1 s each
-        return sum(_call_budget(item) if item.get_closest_marker("slow") else 1.0 for item in units[unit])
+        return sum(time_budgets.call_budget(item) if item.get_closest_marker("slow") else 1.0 for item in units[unit])
 
     items[:] = [item for unit in sorted(units, key=weight, reverse=True) for item in units[unit]]
 
@@ -244,44 +245,6 @@ def run_cli_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProces
     return subprocess.CompletedProcess([sys.executable, str(RUN_PY), *args], code, out.getvalue(), err.getvalue())
 
 
-#: Time budgets: CI's suite must stay short (issue 23), so a test that grows past its budget fails
-#: loudly instead of slowing every landing. Each budget is about three times what the test took on
-#: CI's 2-core machine alone (BENCHMARKS.md, "The CI suite's wall time"): a guard against creep, not
-#: a performance assertion. `@pytest.mark.budget(s)` sets a test's (its call phase); fixtures that
-#: build shared state are held to FIXTURE_BUDGETS_S. EAGLE3_TEST_BUDGET_SCALE multiplies them all
-#: (a slower machine: 2; 0 turns them off).
-DEFAULT_BUDGET_S = 45.0  # a test not marked slow (the slowest took 18-19 s)
-DEFAULT_SLOW_BUDGET_S = 120.0
-DEFAULT_FIXTURE_BUDGET_S = 60.0
-FIXTURE_BUDGETS_S = {
-    "demo_chain": 420.0,  # the shared demo chain (~130 s)
-    "modes": 300.0,  # test_online_training: online stage=all and two plans in it (~80 s)
-    "default_bench": 240.0,  # test_vllm_bench: the chain's draft on vLLM, both servers launched (~60 s)
-    "chain_root": 120.0,  # test_train_stage's small chain (35 s)
-    "chain": 120.0,  # test_vllm_extract's small chain up to vocab (28 s)
-}
-
-
-def _budget_scale() -> float:
-    raw = os.environ.get("EAGLE3_TEST_BUDGET_SCALE", "1")
-    try:
-        return float(raw)
-    except ValueError:
-        raise pytest.UsageError(f"EAGLE3_TEST_BUDGET_SCALE={raw!r}: a number (1 = as measured, 0 = off)") from None
-
-
-_BUDGET_SCALE = pytest.StashKey[float]()
-
-
-def _over_budget(config, what: str, took_s: float, budget_s: float) -> str | None:
-    scaled = budget_s * config.stash[_BUDGET_SCALE]
-    if scaled <= 0 or took_s <= scaled:
-        return None
-    return (f"{what} took {took_s:.1f} s, over its time budget of {scaled:.1f} s: make it cheaper (share the "
-            f"session's demo chain or vLLM server), or raise its budget with the measurement behind it "
-            f"(tests/conftest.py; EAGLE3_TEST_BUDGET_SCALE on a slower machine)")
-
-
 def pytest_configure(config) -> None:
     """Each xdist worker gets its own cores, and everything it runs (in-process jobs, job and
     server processes, DDP ranks) the same ones.
@@ -291,41 +254,12 @@ def pytest_configure(config) -> None:
     workers, without this, made the suite slower). With an affinity mask per worker, every process
     below it sees its share as the machine (`eagle3.threads.machine_cores`), and OMP_NUM_THREADS
     says so to what reads that instead (vLLM's CPU server). Here, not at import: a test's own
-    interpreter that imports this module must not be pinned."""
+    interpreter that imports this module must not be pinned. The time budgets' report
+    (`tests.time_budgets`) is registered here too."""
     cores = _worker_cores()
     if cores is not None:
         _set_cores(cores)
-    config.stash[_BUDGET_SCALE] = _budget_scale()  # read once; a bad one stops the run before any test
-    config.addinivalue_line("markers", "budget(seconds): the longest this test's call may take on CI's machine")
-
-
-def _call_budget(item) -> float:
-    marker = item.get_closest_marker("budget")
-    return float(marker.args[0]) if marker else (
-        DEFAULT_SLOW_BUDGET_S if item.get_closest_marker("slow") else DEFAULT_BUDGET_S)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    budget = _call_budget(item)
-    started = time.monotonic()
-    result = yield
-    message = _over_budget(item.config, item.nodeid, time.monotonic() - started, budget)
-    if message:
-        pytest.fail(message, pytrace=False)
-    return result
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    started = time.monotonic()
-    result = yield
-    name = fixturedef.argname
-    message = _over_budget(request.config, f"fixture {name!r}", time.monotonic() - started,
-                           FIXTURE_BUDGETS_S.get(name, DEFAULT_FIXTURE_BUDGET_S))
-    if message:
-        pytest.fail(message, pytrace=False)
-    return result
+    time_budgets.register(config)
 
 
 @pytest.fixture
