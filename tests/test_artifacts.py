@@ -40,6 +40,7 @@ from eagle3.artifacts import (
     read_jsonl,
 )
 from eagle3.artifacts import atomic as atomic_mod
+from tests.conftest import HANG_GUARD_S
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -550,7 +551,7 @@ def test_kill_9_then_rerun_equals_uninterrupted_run(tmp_path: Path) -> None:
 
     proc = _worker(tmp_path, killed_root, delay=0.05, n=n)
     seen_before_kill = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_GUARD_S
     assert proc.stdout is not None
     while len(seen_before_kill) < 12 and time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -569,14 +570,14 @@ def test_kill_9_then_rerun_equals_uninterrupted_run(tmp_path: Path) -> None:
     assert set(seen_before_kill) <= done_at_kill and len(done_at_kill) < n
 
     rerun = _worker(tmp_path, killed_root, delay=0.0, n=n)
-    out, err = rerun.communicate(timeout=60)
+    out, err = rerun.communicate(timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, err
     redone = _did(out)
     assert not set(redone) & done_at_kill  # resumed by id: nothing done twice
     assert set(redone) | done_at_kill == {f"s{i:03d}" for i in range(n)}
 
     clean = _worker(tmp_path, clean_root, delay=0.0, n=n)
-    out_c, err_c = clean.communicate(timeout=60)
+    out_c, err_c = clean.communicate(timeout=HANG_GUARD_S)
     assert clean.returncode == 0, err_c
     (clean_dir,) = [p for p in (clean_root / "gen").iterdir() if p.is_dir()]
 
@@ -622,19 +623,18 @@ def test_a_lock_held_too_long_fails_naming_its_holder(tmp_path: Path, caplog: py
     path = tmp_path / ".locks" / "prep" / "demo-abc.lock"
     holder = _hold_lock(path, tmp_path)
     try:
-        started = time.monotonic()
         with caplog.at_level(logging.INFO, logger="eagle3"):
             with pytest.raises(LockTimeout) as info:
                 exclusive_lock(path, waiting="demo-abc is in use by another run", timeout_s=0.6)
-        assert time.monotonic() - started < 5
     finally:
         holder.kill()
         holder.wait()
     message = str(info.value)
     assert isinstance(info.value, Eagle3Error) and "\n" not in message
     assert message.startswith(f"{path}: held by pid {holder.pid} on {socket.gethostname()} since ")
-    assert re.search(r"; waited \d\.\d s; raise lock_timeout_s \(now 0\.6 s\) to wait longer, or stop that job$",
-                     message), message
+    waited = re.search(r"; waited (\d+\.\d) s; raise lock_timeout_s \(now 0\.6 s\) to wait longer, or stop that job$",
+                       message)
+    assert waited and float(waited[1]) >= 0.6, message  # it waited out its timeout before giving up
     [waiting] = [m for m in caplog.messages if m.startswith("demo-abc is in use")]
     assert f"(held by pid {holder.pid} on {socket.gethostname()} since " in waiting
     # The holder is gone (the kernel released its lock): the next acquisition is immediate.

@@ -15,7 +15,7 @@ import pytest
 
 from eagle3.data.conversation import conversation_problem
 from eagle3.stages import check_config
-from tests.conftest import RUN_PY, compose_config, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, run_cli
 from tests.own_target import build_tiny_llama, write_conversations
 
 
@@ -132,7 +132,7 @@ def test_two_jobs_started_at_once_keep_their_own_run_directory_and_record(tmp_pa
     cmds = [[sys.executable, str(RUN_PY), "stage=plan", f"paths.root={root}"],
             [sys.executable, str(RUN_PY), "stage=plan", "data.scale=-1", f"paths.root={root}"]]
     procs = [subprocess.Popen(c, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in cmds]
-    assert [p.wait(timeout=600) for p in procs] == [0, 2]
+    assert [p.wait(timeout=HANG_GUARD_S) for p in procs] == [0, 2]
     records = [json.loads((d / "job.json").read_text()) for d in sorted((root / "runs").iterdir())]
     assert sorted(r["status"] for r in records) == ["complete", "failed"]
     [failed] = [r for r in records if r["status"] == "failed"]

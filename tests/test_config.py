@@ -13,7 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from eagle3.config import schema
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 from eagle3.stages import check_config, stage_names
-from tests.conftest import compose_config
+from tests.conftest import HANG_GUARD_S, compose_config
 
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
 
@@ -150,7 +150,7 @@ def test_validation_loads_no_torch():
     code = ("import sys; from tests.conftest import compose_config; from eagle3.stages import check_config; "
             "assert check_config(compose_config(['stage=bench', 'server=vllm'])) == [];"
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'lightning') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

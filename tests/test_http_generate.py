@@ -46,7 +46,7 @@ from eagle3.stages import StageContext, check_config
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import RUN_PY, compose_config, kill_9_when, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, kill_9_when, run_cli
 from tests.mock_openai_server import TOO_LONG_MARKER, FaultPlan, MockChatServer, request_key
 
 UNIT = "demo_prompts"
@@ -339,6 +339,7 @@ def _lines(*paths: Path) -> int:
     return sum(p.read_bytes().count(b"\n") for p in paths if p.exists())
 
 
+@pytest.mark.slow
 def test_b_faults_lose_nothing_and_a_kill_9_rerun_equals_an_uninterrupted_run(tmp_path):
     env = dict(os.environ, HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
     with MockChatServer(faults=FAULTY, latency_s=0.05, length_every=5, tool_every=11) as server:
@@ -348,12 +349,12 @@ def test_b_faults_lose_nothing_and_a_kill_9_rerun_equals_an_uninterrupted_run(tm
         unit_dir = GENERATE.locate(cfg, ctx, UNIT)[0]
         partials = [unit_dir / f"{CONVERSATIONS_FILE}.partial", unit_dir / "rejects.jsonl.partial"]
         cli = [sys.executable, str(RUN_PY), *DATA, "stage=generate", *overrides, f"paths.root={killed}"]
-        kill_9_when(cli, lambda: _lines(*partials) >= 8, cwd=tmp_path, env=env, timeout_s=120, poll_s=0.01)
+        kill_9_when(cli, lambda: _lines(*partials) >= 8, cwd=tmp_path, env=env, poll_s=0.01)
         assert Manifest.load(unit_dir).status == "running"
         assert 0 < _lines(*partials) < N_CONVS
 
         server.reset()  # the rerun meets the same fault schedule as a fresh server
-        rerun = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        rerun = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         resumed = Manifest.load(unit_dir)
         assert resumed.extra["this_run"]["batches_skipped"] >= 1

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import HANG_GUARD_S
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout, whatever the working directory
 
 
@@ -18,11 +20,11 @@ def _run(*argv: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 def test_ruff_check_passes():
-    done = _run("ruff", "check", timeout=300)
+    done = _run("ruff", "check", timeout=HANG_GUARD_S)
     assert done.returncode == 0, f"ruff check found problems:\n{done.stdout}{done.stderr}"
 
 
 @pytest.mark.slow
 def test_mypy_passes():
-    done = _run("mypy", timeout=1200)
+    done = _run("mypy", timeout=HANG_GUARD_S)
     assert done.returncode == 0, f"mypy found problems:\n{done.stdout}{done.stderr}"

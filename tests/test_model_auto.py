@@ -44,7 +44,7 @@ def _run(tmp: Path, *args: str):
         for key, value in OFFLINE.items():
             mp.setenv(key, value)
         mp.setenv("HF_HOME", str(tmp / "hf_home"))  # an empty hub cache: nothing to fall back on
-        return run_cli([*args, f"paths.root={tmp / 'artifacts'}"], cwd=workdir, timeout=300)
+        return run_cli([*args, f"paths.root={tmp / 'artifacts'}"], cwd=workdir)
 
 
 def _error_lines(stderr: str) -> list[str]:

@@ -28,7 +28,7 @@ def _run(args: list[str], tmp: Path):
     with pytest.MonkeyPatch.context() as mp:
         for key, value in OFFLINE.items():
             mp.setenv(key, value)
-        return run_cli([*args, f"paths.root={tmp / 'artifacts'}"], cwd=workdir, timeout=300)
+        return run_cli([*args, f"paths.root={tmp / 'artifacts'}"], cwd=workdir)
 
 
 def _run_dir(root: Path) -> Path:

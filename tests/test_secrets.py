@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI_TIMEOUT_S, RUN_PY, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, run_cli
 
 HF = "hf_0123456789abcdefghij"
 SWEEP_A = "hf_aaaaaaaaaaaaaaaaaaaaaaaa"
@@ -116,7 +116,7 @@ def test_the_hydra_callback_alone_refuses_before_anything_is_written(tmp_path, a
     cwd.mkdir()
     env = dict(os.environ, HYDRA_FULL_ERROR="0")
     proc = subprocess.run([sys.executable, "-c", CALLBACK_ONLY, str(RUN_PY), *args, f"paths.root={root}"],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert_refused_and_nothing_written(proc, root, cwd, args[-1].lstrip("+").split("=")[0], secret)
 
 

@@ -129,15 +129,13 @@ def test_child_that_exits_at_once_gives_one_line_with_the_log_tail(child, tmp_pa
 
 
 def test_child_that_never_becomes_healthy_times_out_and_is_killed(child, tmp_path):
-    started = time.monotonic()
     with pytest.raises(ServerError) as info:
         with ServerProcess(child("unhealthy"), tmp_path / "s.log", startup_timeout_s=1.5, poll_s=0.1):
             pytest.fail("the block must not run")
-    assert time.monotonic() - started < 10
     message = str(info.value)
     assert "was not healthy at http://127.0.0.1:" in message and "after 1.5 s (server.startup_timeout_s)" in message
     assert "stopped it" in message and "fake server unhealthy starting" in message and "\n" not in message
-    assert wait_dead(child.pids(), 0.5)
+    assert wait_dead(child.pids())
 
 
 def test_keyboard_interrupt_inside_the_block_kills_the_child(child, tmp_path):

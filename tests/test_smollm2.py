@@ -16,7 +16,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.paths import PROJECT_ROOT
-from tests.conftest import run_cli
+from tests.conftest import HANG_GUARD_S, run_cli
 from tests.vllm_env import assert_stopped, free_port, vllm_python
 
 BUILD = PROJECT_ROOT / "scripts" / "build_smollm2.py"
@@ -28,7 +28,7 @@ SMALL = ("dataset.num_samples=40", "generate.max_new_tokens=48", "data.eval_size
 @pytest.mark.budget(400)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     python = vllm_python()
-    built = subprocess.run([sys.executable, str(BUILD)], capture_output=True, text=True, timeout=1200)
+    built = subprocess.run([sys.executable, str(BUILD)], capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert built.returncode == 0, built.stderr[-3000:]
     assert "Paris" in built.stdout  # the checkpoint answers its fixed question
     port = free_port()

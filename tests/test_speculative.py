@@ -126,6 +126,7 @@ class OracleDrafter:
         return out
 
 
+@pytest.mark.slow
 def test_lossless_random_draft_on_held_out_prompts(target, draft, prompts):
     assert len(prompts) >= 12
     report = evaluate_speculative(target, draft, prompts, ks=(1, 3, 5), max_new_tokens=MAX_NEW, eos_ids=[EOS],

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.paths import PROJECT_ROOT
+from tests.conftest import HANG_GUARD_S
 
 PACKAGE = PROJECT_ROOT / "eagle3"
 DESIGN = PROJECT_ROOT / "docs" / "design.md"
@@ -210,7 +211,7 @@ for name, code, error in results:
 @pytest.mark.slow
 def test_every_module_imports_on_its_own_in_a_fresh_interpreter():
     done = subprocess.run([sys.executable, "-c", _FORK_IMPORTER, *PRELOADED], input="\n".join(MODULES),
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stderr[-3000:]
     results = [line.split("\t") for line in done.stdout.splitlines()]
     failed = [f"{module}: {error}" for module, code, error in results if code != "0"]

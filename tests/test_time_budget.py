@@ -50,12 +50,14 @@ def test_over_its_budget_and_failing():
 REPORT_LINE = r"  {what}: 0\.\d s, budget 0\.2 s \(\d+\.\d\dx; grew\)"
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "two xdist workers"])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["one process", "two xdist workers"])
 def test_over_budget_tests_and_fixtures_pass_and_are_listed_with_the_machines_speed(pytester, monkeypatch, workers):
-    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))  # the run's conftest imports tests.time_budgets
+    monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))  # the workers' conftest imports tests.time_budgets
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_budgets=TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *workers)
+    # Under xdist the records travel from the workers to the process that prints the report.
+    run = pytester.runpytest_subprocess if workers else pytester.runpytest_inprocess
+    result = run("-p", "no:cacheprovider", "-n", str(workers))
     # Only the assertion fails; time changes no outcome.
     result.assert_outcomes(passed=3, failed=1)
     text = result.stdout.str()

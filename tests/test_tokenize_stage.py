@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
 from eagle3.data.render import RenderSettings
 from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
@@ -24,7 +26,7 @@ from eagle3.stages import StageContext
 from eagle3.stages.merge import MERGE
 from eagle3.stages.prep import CONVERSATIONS_FILE, PREP
 from eagle3.stages.tokenize import TOKENIZE, TOKENIZED_FILE
-from tests.conftest import RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
 
 TOKENIZER_DIR = asset_path("demo_target")
 TRAINING_TEMPLATE = asset_path("chat_templates/kimi_k25_training.jinja")
@@ -162,7 +164,7 @@ def test_config_slice_covers_what_changes_the_output(tmp_path):
     assert merged.extra["train_samples"] + merged.extra["eval_samples"] == 60
 
 
-def _kill_when_partial(cmd: list[str], partial: Path, min_lines: int, timeout: float = 120) -> int:
+def _kill_when_partial(cmd: list[str], partial: Path, min_lines: int, timeout: float = HANG_GUARD_S) -> int:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
     lines = 0
@@ -184,6 +186,7 @@ def _kill_when_partial(cmd: list[str], partial: Path, min_lines: int, timeout: f
     return lines
 
 
+@pytest.mark.slow
 def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path):
     n = 600
     data = write_data_file(tmp_path / "data.jsonl", n)
@@ -202,7 +205,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert json.loads((killed_dir / "manifest.json").read_text())["status"] == "running"
 
     # Resumed with one worker (in the CLI process): the output must not depend on the worker count.
-    rerun = subprocess.run(args(1), capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(args(1), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     clean_cfg = compose_config(local_overrides(data, roots["clean"], ("tokenize.num_workers=1",)))
     [clean] = TOKENIZE(clean_cfg, stage_ctx(roots["clean"], tmp_path))

@@ -20,7 +20,7 @@ from eagle3.draft.export import capture_layers_of, validate_export
 from eagle3.extract import formats
 from eagle3.extract.store import HiddenStateStore
 from eagle3.layer_ids import engine_aux_layer_ids
-from tests.conftest import CLI_TIMEOUT_S, RUN_PY, SMALL_DEMO_DATA, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, SMALL_DEMO_DATA, run_cli
 from tests.wandb_records import read_run
 
 SMALL = SMALL_DEMO_DATA
@@ -40,7 +40,7 @@ def chain_root(tmp_path_factory):
     return root
 
 
-def train_cli(root: Path, *extra: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+def train_cli(root: Path, *extra: str, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
     return run_cli(["stage=train", *SMALL, *TRAIN, f"paths.root={root}", *extra], cwd=root.parent / "elsewhere",
                    timeout=timeout)
 
@@ -112,7 +112,7 @@ def test_kill_9_mid_training_resumes_at_the_saved_step_and_matches_an_uninterrup
     proc = subprocess.Popen([sys.executable, str(RUN_PY), "stage=train", *SMALL, *TRAIN, *args,
                              f"paths.root={chain_root}"], cwd=chain_root.parent / "elsewhere", env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
+    deadline = time.time() + HANG_GUARD_S
     last = None
     while time.time() < deadline and proc.poll() is None:
         dirs = [d for d in unit_dirs(chain_root) if d not in before] if (chain_root / "train").exists() else []

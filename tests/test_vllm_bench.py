@@ -59,7 +59,7 @@ def _bench(root, *overrides: str, python: str, port: int):
     done = run_cli(["stage=bench", "bench.repeats=1", *overrides, f"paths.root={root}",
                     *_server_overrides(python, port), f"server.speculative.num_steps={K}",
                     f"server.speculative.num_draft_tokens={K + 1}"],
-                   cwd=root.parent / "elsewhere", timeout=900)
+                   cwd=root.parent / "elsewhere")
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     _assert_stopped(port)
     [unit] = unit_dirs(root, "bench") - before
@@ -77,7 +77,7 @@ def test_generate_through_vllm_gives_canonical_conversations_with_reasoning(vllm
         assert done.returncode == 0, done.stderr[-3000:]
     started = time.perf_counter()
     port = _free_port()
-    done = run_cli(["stage=generate", *data, *_generate_overrides(vllm_python, port)], cwd=work, timeout=900)
+    done = run_cli(["stage=generate", *data, *_generate_overrides(vllm_python, port)], cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "generate: launching vllm" in done.stdout + done.stderr
     _assert_stopped(port)
@@ -177,7 +177,7 @@ def test_vllm_serves_each_draft_layer_variant_as_trained(vllm_python, demo_chain
     root = demo_chain.root
     work = root.parent / "elsewhere"
     before = unit_dirs(root, "train")
-    trained = run_cli(["stage=all", *flags, f"paths.root={root}"], cwd=work, timeout=900)
+    trained = run_cli(["stage=all", *flags, f"paths.root={root}"], cwd=work)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "no sglang export: it cannot serve model.draft." in trained.stdout + trained.stderr
     [train_unit] = unit_dirs(root, "train") - before

@@ -125,7 +125,7 @@ def test_online_training_through_vllm_runs_the_chain_without_a_store(chain):
     # The online server's exchange directory (`.incoming`) is no store; it is checked below.
     stores_before = _stores(root)
     port = free_port()
-    done = _cli(root, "stage=all", "train.hidden_states=online", *ONLINE_TRAIN, *_vllm(python, port), timeout=2400)
+    done = _cli(root, "stage=all", "train.hidden_states=online", *ONLINE_TRAIN, *_vllm(python, port))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_stopped(port)
     assert _stores(root) == stores_before, "online training wrote a hidden-state store"

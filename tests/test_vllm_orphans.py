@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RUN_PY
+from tests.conftest import HANG_GUARD_S, RUN_PY
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 pytestmark = pytest.mark.slow
 
-READY_TIMEOUT_S = 420
+READY_TIMEOUT_S = HANG_GUARD_S  # a server's start is work: slower on a slower machine
 GONE_TIMEOUT_S = 60  # the watchdog's SIGTERM, vLLM's own shutdown, at worst SIGKILL after 15 s
 
 
