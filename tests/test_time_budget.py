@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch  # noqa: F401  (imported once here: an in-process run below would import it and drop it again)
 
 from eagle3.paths import PROJECT_ROOT
 from tests import time_budgets
