@@ -89,7 +89,7 @@ def _mock_server(tmp_path: Path, latency_s: float) -> ServerProcess:
     port = free_port()
     argv = [sys.executable, "-m", "tests.mock_openai_server", "--port", str(port), "--latency-s", str(latency_s)]
     command = ServerCommand("vllm", argv, {"PYTHONPATH": str(PROJECT_ROOT)}, "127.0.0.1", port)
-    return ServerProcess(command, tmp_path / "vllm.log", startup_timeout_s=60, grace_s=2,
+    return ServerProcess(command, tmp_path / "vllm.log", startup_timeout_s=HANG_GUARD_S, grace_s=2,
                          records_dir=tmp_path / ".servers")
 
 

@@ -29,7 +29,7 @@ from eagle3.serving.process import ServerError, ServerProcess, check_health, ser
 from eagle3.stages import StageContext
 from eagle3.stages.base import MissingInput
 from eagle3.stages.serve import serve
-from tests.conftest import RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
 
 CHILD = textwrap.dedent('''
     import http.server, os, signal, subprocess, sys, time
@@ -105,7 +105,7 @@ def child(tmp_path):
 def test_healthy_server_is_stopped_with_its_children(child, tmp_path):
     cmd = child("children")
     log = tmp_path / "run" / "sglang.log"
-    with ServerProcess(cmd, log, startup_timeout_s=20, grace_s=5) as server:
+    with ServerProcess(cmd, log, startup_timeout_s=HANG_GUARD_S, grace_s=5) as server:
         pids = child.pids()
         assert server.pid == pids[0] and all(alive(p) for p in pids)
         assert check_health([server.url + "/"], "sglang") == [server.url]
@@ -118,7 +118,7 @@ def test_healthy_server_is_stopped_with_its_children(child, tmp_path):
 def test_child_that_exits_at_once_gives_one_line_with_the_log_tail(child, tmp_path):
     log = tmp_path / "sglang.log"
     with pytest.raises(ServerError) as info:
-        with ServerProcess(child("exit"), log, startup_timeout_s=20):
+        with ServerProcess(child("exit"), log, startup_timeout_s=HANG_GUARD_S):
             pytest.fail("the block must not run")
     message = str(info.value)
     assert "\n" not in message
@@ -140,14 +140,14 @@ def test_child_that_never_becomes_healthy_times_out_and_is_killed(child, tmp_pat
 
 def test_keyboard_interrupt_inside_the_block_kills_the_child(child, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        with ServerProcess(child("ok"), tmp_path / "s.log", startup_timeout_s=20):
+        with ServerProcess(child("ok"), tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S):
             pids = child.pids()
             raise KeyboardInterrupt
     assert wait_dead(pids, 0.5)
 
 
 def test_sigterm_ignored_means_sigkill_after_the_grace_period(child, tmp_path):
-    server = ServerProcess(child("ignore_term"), tmp_path / "s.log", startup_timeout_s=20, grace_s=0.5)
+    server = ServerProcess(child("ignore_term"), tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S, grace_s=0.5)
     with server:
         pids = child.pids()
     assert server.returncode == -signal.SIGKILL
@@ -157,9 +157,9 @@ def test_sigterm_ignored_means_sigkill_after_the_grace_period(child, tmp_path):
 
 def test_a_port_in_use_is_refused_before_launch(child, tmp_path):
     cmd = child("ok")
-    with ServerProcess(cmd, tmp_path / "first.log", startup_timeout_s=20) as first:
+    with ServerProcess(cmd, tmp_path / "first.log", startup_timeout_s=HANG_GUARD_S) as first:
         with pytest.raises(ServerError) as info:
-            with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=20):
+            with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=HANG_GUARD_S):
                 pytest.fail("the block must not run")
         assert str(info.value) == (f"server.port: {cmd.port} -- pid {first.pid} ({' '.join(cmd.argv)[:120]}...) already listens on "
                                    f"{first.url}; valid: a free port, or server.urls=[{first.url}] to use a "
@@ -177,7 +177,7 @@ def test_missing_interpreter_is_a_one_line_error(tmp_path):
 
 def test_connect_mode_names_every_url_that_is_down(child, tmp_path):
     down = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}/"]
-    with ServerProcess(child("ok"), tmp_path / "s.log", startup_timeout_s=20) as server:
+    with ServerProcess(child("ok"), tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S) as server:
         with pytest.raises(ServerError) as info:
             check_health([server.url, *down], "sglang", timeout_s=0.3, poll_s=0.1)
     message = str(info.value)
@@ -194,7 +194,7 @@ def test_sigterm_to_the_parent_still_stops_the_server(child, tmp_path):
         from eagle3.serving.commands import ServerCommand
         from eagle3.serving.process import ServerProcess
         cmd = ServerCommand("sglang", {cmd.argv!r}, {{}}, "127.0.0.1", {cmd.port})
-        with ServerProcess(cmd, {str(tmp_path / "p.log")!r}, startup_timeout_s=30, grace_s=5):
+        with ServerProcess(cmd, {str(tmp_path / "p.log")!r}, startup_timeout_s={HANG_GUARD_S}, grace_s=5):
             print("ready", flush=True)
             time.sleep(600)
     '''))
@@ -204,7 +204,7 @@ def test_sigterm_to_the_parent_still_stops_the_server(child, tmp_path):
         assert proc.stdout.readline().strip() == "ready"
         pids = child.pids()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=HANG_GUARD_S) == 128 + signal.SIGTERM  # the stop: up to grace + watchdog + drain
     finally:
         proc.kill()
     assert wait_dead(pids, 0.5)
@@ -311,7 +311,7 @@ def test_stage_serve_holds_the_server_until_ctrl_c(tmp_path):
         assert alive(server_pid)
         assert _record(tmp_path / "artifacts" / ".servers", port)["job_pid"] == proc.pid  # for a rerun to find
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=HANG_GUARD_S)  # the stop: up to grace + watchdog + drain
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
@@ -340,7 +340,7 @@ def _hold_in_a_job(cmd: ServerCommand, tmp_path: Path, records: Optional[Path]) 
         from eagle3.serving.commands import ServerCommand
         from eagle3.serving.process import ServerProcess
         cmd = ServerCommand("sglang", {cmd.argv!r}, {{}}, "127.0.0.1", {cmd.port})
-        with ServerProcess(cmd, {str(tmp_path / "job.log")!r}, startup_timeout_s=30, grace_s=2{records_arg}):
+        with ServerProcess(cmd, {str(tmp_path / "job.log")!r}, startup_timeout_s={HANG_GUARD_S}, grace_s=2{records_arg}):
             print("ready", flush=True)
             time.sleep(600)
     '''))
@@ -357,7 +357,7 @@ def _record(records: Path, port: int) -> dict:
 
 def test_a_record_names_the_server_while_it_runs_and_goes_on_stop(child, tmp_path):
     cmd, records = child("children"), _records(tmp_path)
-    with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=records) as server:
+    with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S, records_dir=records) as server:
         [path] = list(records.iterdir())
         assert path.name == f"{socket.gethostname()}-{cmd.port}.json"
         record = json.loads(path.read_text())
@@ -395,7 +395,7 @@ def test_rerun_stops_a_server_left_by_a_dead_job_and_launches_on_the_same_port(c
     time.sleep(0.3)
     assert all(alive(p) for p in old), "an orphan: nobody is left to stop it"
     with caplog.at_level(logging.INFO, logger="eagle3"):
-        with ServerProcess(cmd, tmp_path / "rerun.log", startup_timeout_s=20, grace_s=2,
+        with ServerProcess(cmd, tmp_path / "rerun.log", startup_timeout_s=HANG_GUARD_S, grace_s=2,
                            records_dir=records) as server:
             assert wait_dead(old, 0.5)
             assert server.pid == child.pids()[0] != old[0]
@@ -416,7 +416,7 @@ def test_a_record_whose_pid_was_recycled_never_kills_that_process(child, tmp_pat
                  "host": socket.gethostname(), "job_pid": dead_job.pid, "server_id": "not-the-stranger's",
                  "started_at": "2000-01-01T00:00:00+00:00", "backend": "sglang", "url": cmd.url}
         (records / f"{socket.gethostname()}-{cmd.port}.json").write_text(json.dumps(stale))
-        with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=records) as server:
+        with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S, records_dir=records) as server:
             assert _record(records, cmd.port)["pid"] == server.pid  # the stale record was replaced
         assert alive(stranger.pid)
     finally:
@@ -429,7 +429,7 @@ def test_a_server_of_a_live_job_is_refused_not_stopped(child, tmp_path):
     job = _hold_in_a_job(cmd, tmp_path, records)
     try:
         with pytest.raises(ServerError) as info:
-            with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=20, records_dir=records):
+            with ServerProcess(cmd, tmp_path / "second.log", startup_timeout_s=HANG_GUARD_S, records_dir=records):
                 pytest.fail("the block must not run")
         message = str(info.value)
         assert message.startswith(f"server.port: {cmd.port} -- eagle3 job pid {job.pid} on {socket.gethostname()} "
@@ -449,7 +449,7 @@ def test_a_port_held_by_another_program_is_refused_naming_it(child, tmp_path):
     try:
         assert holder.stdout.readline().strip() == "up"
         with pytest.raises(ServerError) as info:
-            with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=20, records_dir=_records(tmp_path)):
+            with ServerProcess(cmd, tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S, records_dir=_records(tmp_path)):
                 pytest.fail("the block must not run")
     finally:
         holder.kill()

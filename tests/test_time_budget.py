@@ -64,7 +64,7 @@ def test_over_budget_tests_and_fixtures_pass_and_are_listed_with_the_machines_sp
     text = result.stdout.str()
     report = text[text.index("=== time budgets (a report; it changes no outcome) ==="):]
     assert re.search(r"^machine speed: a fixed CPU workload took \d+\.\d{3} s at the start and \d+\.\d{3} s at the "
-                     r"end against 0\.225 s where the budgets were measured", report, re.M), report
+                     r"end against 0\.225 s on the reference machine", report, re.M), report
     assert "3 over their budgets" in report, report
     for what in ("test_budgets.py::test_over_its_budget", "fixture 'slow_fixture'",
                  "test_budgets.py::test_over_its_budget_and_failing"):
