@@ -487,7 +487,7 @@ def test_concurrent_open_waits_then_reuses(tmp_path: Path) -> None:
     first.count_in()
     first.records("data.jsonl").write({"id": "a"})
     first.finalize()
-    thread.join(timeout=10)
+    thread.join(timeout=HANG_GUARD_S)
     assert not thread.is_alive() and result["second"].complete
 
 

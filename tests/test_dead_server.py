@@ -112,7 +112,7 @@ def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
 
             caller = threading.Thread(target=run)
             caller.start()
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + HANG_GUARD_S
             while backend.inflight < len(requests) and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert backend.inflight == len(requests)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.conftest import HANG_GUARD_S
 from tests.wandb_records import read_run
 
 
@@ -40,7 +41,7 @@ def test_a_run_file_still_being_written_is_read_once_its_exit_record_lands(finis
     writer = threading.Thread(target=finish_writing)
     writer.start()
     try:
-        run = read_run(path, timeout_s=30)
+        run = read_run(path, timeout_s=HANG_GUARD_S)
     finally:
         writer.join()
     assert run["group"] == "sweep-7"
