@@ -84,7 +84,7 @@ def wait_dead(pids, timeout: float = HANG_GUARD_S) -> bool:
     """Whether all of `pids` end, waiting for a watchdog or a server's own exit (a reaction, not work)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
+        if all_dead(pids):
             return True
         time.sleep(0.05)
     return False
