@@ -10,6 +10,8 @@ Usage:
     python scripts/train_demo_target.py                 # full run (overwrites the assets)
     python scripts/train_demo_target.py --eval-only     # re-evaluate the committed model
     python scripts/train_demo_target.py --steps 10 --out /tmp/dt   # timing probe
+    python scripts/train_demo_target.py --architecture deepseek_v3 --tokenizer-kind tiktoken \
+        --steps 500 --out eagle3/assets/demo_kimi_target         # the Kimi-shaped demo_kimi target
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.demo import corpus
+from eagle3.demo import tokenizer as demo_tok
 from eagle3.demo import evaluation as ev
 from eagle3.demo import target_training as tt
 
@@ -56,7 +59,7 @@ def machine() -> dict:
 
 def evaluate_saved(out: Path, cfg: tt.TrainConfig, train_ids: torch.Tensor | None = None) -> dict:
     """Held-out loss, unigram baseline and greedy samples of the model saved in ``out``."""
-    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=cfg.tokenizer_kind == "tiktoken")
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     if train_ids is None:
         train_ids = tt.packed_rows(cfg, tokenizer, cfg.steps * cfg.batch_size)[0]
@@ -92,6 +95,8 @@ def main() -> None:
         return
 
     tokenizer = tt.build_tokenizer(cfg)
+    if cfg.tokenizer_kind == "tiktoken":  # the same BPE, as tiktoken ranks behind remote code
+        tokenizer = demo_tok.save_as_tiktoken(tokenizer, args.out)
     print(f"tokenizer: {len(tokenizer)} tokens ({time.time() - t_start:.0f}s)")
     rows = tt.packed_rows(cfg, tokenizer, cfg.steps * cfg.batch_size)
     fill = float((rows[2] != -100).float().mean())

@@ -57,6 +57,15 @@ class DraftGeometryConfig:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    # The draft layer's attention (eagle3.draft.options.ATTENTIONS): llama (q/k/v projections) or mla
+    # (DeepSeek's latent attention; the target's MLA geometry, each field below overridable, null =
+    # the target's: eagle3.draft.geometry.MLA_FIELDS).
+    attention: str = "llama"
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: Optional[int] = None
+    qk_nope_head_dim: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
 
 
 @dataclass

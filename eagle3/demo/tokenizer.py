@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -74,3 +75,38 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = VOCAB_SIZE) -> PreTr
         tokenizer_object=tok, bos_token=kf.BOS, eos_token=kf.IM_END, pad_token=kf.PAD,
         chat_template=chat_template(), model_max_length=MODEL_MAX_LENGTH, padding_side="left",
         clean_up_tokenization_spaces=False)
+
+
+def save_as_tiktoken(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> Any:
+    """Write `tokenizer` (a byte-level BPE from :func:`train_tokenizer`) as a tiktoken remote-code tokenizer.
+
+    The BPE's tokens become tiktoken ranks (their ids: the trainer numbers tokens in merge order,
+    which is the priority tiktoken merges by), its added tokens keep their ids and `special`
+    flags, and `tokenizer_config.json` names `eagle3/demo/tokenization_tiktoken.py` in `auto_map`
+    (copied beside it), as Kimi-K2.5's names `tokenization_kimi.py`. Returns the saved tokenizer
+    reloaded through that remote code.
+    """
+    import base64
+
+    from transformers import AutoTokenizer
+
+    from eagle3.demo.tokenization_tiktoken import VOCAB_FILE, TikTokenTokenizer, bytes_to_unicode
+
+    char_to_byte = {char: byte for byte, char in bytes_to_unicode().items()}
+    ranks = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = sorted((rank, base64.b64encode(bytes(char_to_byte[c] for c in token)).decode())
+                   for token, rank in ranks.items())
+    if [rank for rank, _ in lines] != list(range(len(lines))):
+        raise RuntimeError("the BPE's ranks are not 0..n-1: not a tokenizer train_tokenizer made")
+    vocab_path = out_dir / VOCAB_FILE
+    vocab_path.write_text("".join(f"{piece} {rank}\n" for rank, piece in lines), encoding="utf-8")
+    added = {i: AddedToken(tok.content, special=tok.special, normalized=False, single_word=False,
+                           lstrip=False, rstrip=False) for i, tok in tokenizer.added_tokens_decoder.items()}
+    TikTokenTokenizer.register_for_auto_class("AutoTokenizer")
+    tiktoken_tokenizer = TikTokenTokenizer(
+        str(vocab_path), added_tokens_decoder=added, bos_token=kf.BOS, eos_token=kf.IM_END, pad_token=kf.PAD,
+        chat_template=chat_template(), model_max_length=MODEL_MAX_LENGTH, padding_side="left",
+        clean_up_tokenization_spaces=False)
+    tiktoken_tokenizer.save_pretrained(out_dir)
+    return AutoTokenizer.from_pretrained(out_dir, trust_remote_code=True)

@@ -39,12 +39,35 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def rope_cos_sin_interleaved(positions: torch.Tensor, rope_dim: int, theta: float,
+                             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for the pairwise (GPT-J) layout DeepSeek's MLA uses -> cos, sin `[..., rope_dim]`.
+
+    Dims 2i and 2i+1 form one rotating pair at frequency i (vLLM's `is_neox_style=False`,
+    transformers' `rope_interleave`), where the Llama layout pairs i with i + D/2. The two give the
+    same scores only after a fixed permutation of the weights, so a draft trained on one and
+    served with the other accepts nothing.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rope_dim, 2, device=positions.device, dtype=torch.float32) / rope_dim))
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq  # [..., D/2]
+    emb = angles.repeat_interleave(2, dim=-1)  # [..., D]: f0 f0 f1 f1 ...
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[B, heads, T, D]` rotated pairwise: (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)."""
+    pairs = x.unflatten(-1, (-1, 2))  # [..., D/2, 2]
+    rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)  # [..., D]
+    return x * cos + rotated * sin
+
+
 def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor,
                      start: int, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
     """One query block against its causal prefix and its own diagonal keys.
 
     Shapes (G = query heads per kv head, b = block length, e = start + b - first key, S = diagonal
-    steps): q `[B, Hkv, G, b, D]`, k0/v0 `[B, Hkv, 1, e, D]`, kd/vd `[B, Hkv, 1, b, S, D]`.
+    steps, Dv = value width, D for llama, MLA's v_head_dim): q `[B, Hkv, G, b, D]`, k0 `[B, Hkv, 1, e, D]`,
+    v0 `[B, Hkv, 1, e, Dv]`, kd `[B, Hkv, 1, b, S, D]`, vd `[B, Hkv, 1, b, S, Dv]`.
     Packed rows: `starts` `[B, b]` is where each query's sample starts, counted from the block's
     first key (the prefix need not start at 0); a query then sees the keys of its own sample only.
     The mask is built here, so backward recomputes it instead of keeping `b x e` per block.
@@ -57,7 +80,7 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
     s0 = s0.masked_fill(~causal, float("-inf"))
     sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # [B, Hkv, G, b, S]
     probs = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)
-    out = torch.matmul(probs[..., :e], v0)  # [B, Hkv, G, b, D]
+    out = torch.matmul(probs[..., :e], v0)  # [B, Hkv, G, b, Dv]
     return out + (probs[..., e:].unsqueeze(-1) * vd).sum(-2)
 
 
@@ -67,16 +90,17 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
 
     Args:
         q: Queries of step k, `[B, Hq, T, D]`, rope already applied.
-        keys / values: Per step 0..k, `[B, Hkv, T, D]` each (rope applied to keys).
+        keys / values: Per step 0..k, `[B, Hkv, T, D]` / `[B, Hkv, T, Dv]` each (rope applied to keys;
+            Dv differs from D in MLA).
         block_size: Query rows per block; peak score memory is `B * Hq * block_size * T`.
         starts: Packed rows: `[B, T]` row index of the first token of each position's sample; a
             query attends to the step-0 keys of its own sample only. None: one sample per row.
 
     Returns:
-        `[B, Hq, T, D]`.
+        `[B, Hq, T, Dv]`.
     """
     bsz, hq, seq, dim = q.shape
-    hkv = keys[0].shape[1]
+    hkv, value_dim = keys[0].shape[1], values[0].shape[-1]
     groups = hq // hkv
     scale = 1.0 / math.sqrt(dim)
     qg = q.view(bsz, hkv, groups, seq, dim)
@@ -85,7 +109,8 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
         kd = torch.stack(list(keys[1:]), dim=-2).unsqueeze(2)  # [B, Hkv, 1, T, S, D]
         vd = torch.stack(list(values[1:]), dim=-2).unsqueeze(2)
     else:
-        kd = vd = q.new_zeros(bsz, hkv, 1, seq, 0, dim)
+        kd = q.new_zeros(bsz, hkv, 1, seq, 0, dim)
+        vd = q.new_zeros(bsz, hkv, 1, seq, 0, value_dim)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, *keys, *values))
     blocks = range(0, seq, block_size)
     if starts is not None:  # each block's first key: the earliest sample start among its queries
@@ -98,7 +123,7 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
         args = (qg[..., start:end, :], k0[..., first:end, :], v0[..., first:end, :], kd[..., start:end, :, :],
                 vd[..., start:end, :, :], start - first, scale, own)
         outs.append(checkpoint(_block_attention, *args, use_reentrant=False) if grad else _block_attention(*args))
-    return torch.cat(outs, dim=-2).view(bsz, hq, seq, dim)
+    return torch.cat(outs, dim=-2).view(bsz, hq, seq, value_dim)
 
 
 class TTTAttention:

@@ -35,6 +35,16 @@ What the engines read (sources read for this file):
   `draft_id_to_target_id`, `t2d` is skipped and `embed_tokens` is optional (the target's is
   shared when absent).
 
+* The MLA draft (`model.draft.attention=mla`), vLLM `vllm/model_executor/models/deepseek_eagle3.py`
+  and SGLang `python/sglang/srt/models/kimi_k25_eagle3.py`, both `Eagle3DeepseekV2ForCausalLM`: the
+  same top-level names and ids, `model_type` deepseek_v2 (vLLM maps deepseek_v3 to its MTP draft and
+  refuses), the MLA fields `q_lora_rank` (required by both: null fails), `kv_lora_rank`,
+  `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`, and attention tensors
+  `self_attn.{q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+  o_proj}` (q_a and kv_a read 2H in the first layer; both engines fuse them on load). Rope is
+  pairwise (`is_neox_style=False`) over `qk_rope_head_dim`; vLLM also reads `norm_before_residual`,
+  `fc_norm` and `norm_output`, neither engine `norm_before_fc`.
+
 The vLLM export deliberately does not repeat its ids inside `eagle_config`: SGLang reads
 only that place and would add 1 to them, whereas without them it falls back to its default
 capture, which is the usual `[2, L//2, L-3]`.
@@ -50,13 +60,17 @@ from typing import Any, Optional
 
 import torch
 
-from eagle3.draft.geometry import DraftGeometry, geometry_refusals
+from eagle3.draft.geometry import MLA_FIELDS, DraftGeometry, geometry_refusals
 from eagle3.draft.options import LAYER_VARIANTS
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.errors import Eagle3Error
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+#: The MLA draft (`model.draft.attention=mla`): vLLM's `deepseek_eagle3.py` and SGLang's
+#: `kimi_k25_eagle3.py` both register this name. Its model_type must be deepseek_v2: vLLM rewrites a
+#: deepseek_v3 draft config to its MTP model and refuses it ('Eagle3DeepSeekMTPModel ... not supported').
+MLA_ARCHITECTURE, MLA_MODEL_TYPE = "Eagle3DeepseekV2ForCausalLM", "deepseek_v2"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 METADATA_KEY = "eagle3"
@@ -103,17 +117,12 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
     without allocating its 163840 x 7168 embedding, and so the model's names are pinned.
     """
     h = g.hidden_size
-    q = g.num_attention_heads * g.head_dim
-    kv = g.num_key_value_heads * g.head_dim
     shapes = {
         EMBED_KEY: (g.vocab_size, h),
         "fc.weight": (h, g.fc_in_features),  # [H, C * H_target]
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.hidden_norm.weight": (h,),
-        "midlayer.self_attn.q_proj.weight": (q, 2 * h),  # reads cat(embed, hidden) [.., 2H]
-        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q),
+        **_attention_shapes(g, "midlayer.", 2 * h),  # reads cat(embed, hidden) [.., 2H]
         "midlayer.post_attention_layernorm.weight": (h,),
         "midlayer.mlp.gate_proj.weight": (g.intermediate_size, h),
         "midlayer.mlp.up_proj.weight": (g.intermediate_size, h),
@@ -123,13 +132,10 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
         "d2t": (g.draft_vocab_size,),  # offsets: target id = i + d2t[i]
         "t2d": (g.vocab_size,),  # bool: target id in the draft vocab
     }
-    for i in range(1, g.num_layers):  # later layers: plain Llama layers, q/k/v read H
+    for i in range(1, g.num_layers):  # later layers: plain layers on the residual stream, attention reads H
         shapes.update({
             f"layers.{i}.input_layernorm.weight": (h,),
-            f"layers.{i}.self_attn.q_proj.weight": (q, h),
-            f"layers.{i}.self_attn.k_proj.weight": (kv, h),
-            f"layers.{i}.self_attn.v_proj.weight": (kv, h),
-            f"layers.{i}.self_attn.o_proj.weight": (h, q),
+            **_attention_shapes(g, f"layers.{i}.", h),
             f"layers.{i}.post_attention_layernorm.weight": (h,),
             f"layers.{i}.mlp.gate_proj.weight": (g.intermediate_size, h),
             f"layers.{i}.mlp.up_proj.weight": (g.intermediate_size, h),
@@ -140,6 +146,24 @@ def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
     if g.fc_norm:
         shapes.update({f"fc_norm.{i}.weight": (_target_hidden(g),) for i in range(len(g.capture_layers))})
     return shapes
+
+
+def _attention_shapes(g: DraftGeometry, prefix: str, reads: int) -> dict[str, tuple[int, ...]]:
+    """The attention tensors of one layer reading `reads` features (llama: q/k/v/o; mla: DeepSeek's names)."""
+    a, h, heads = f"{prefix}self_attn.", g.hidden_size, g.num_attention_heads
+    if g.is_mla:
+        return {
+            f"{a}q_a_proj.weight": (g.q_lora_rank, reads),
+            f"{a}q_a_layernorm.weight": (g.q_lora_rank,),
+            f"{a}q_b_proj.weight": (heads * g.qk_head_dim, g.q_lora_rank),
+            f"{a}kv_a_proj_with_mqa.weight": (g.kv_lora_rank + g.qk_rope_head_dim, reads),
+            f"{a}kv_a_layernorm.weight": (g.kv_lora_rank,),
+            f"{a}kv_b_proj.weight": (heads * (g.qk_nope_head_dim + g.v_head_dim), g.kv_lora_rank),
+            f"{a}o_proj.weight": (h, heads * g.v_head_dim),
+        }
+    q, kv = heads * g.head_dim, g.num_key_value_heads * g.head_dim
+    return {f"{a}q_proj.weight": (q, reads), f"{a}k_proj.weight": (kv, reads), f"{a}v_proj.weight": (kv, reads),
+            f"{a}o_proj.weight": (h, q)}
 
 
 def required_keys(g: DraftGeometry, include_embedding: bool) -> list[str]:
@@ -167,8 +191,8 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
     ids = engine_aux_layer_ids(g.capture_layers, engine)
     eagle_config: dict[str, Any] = {"use_aux_hidden_state": True}
     cfg: dict[str, Any] = {
-        "architectures": [ARCHITECTURE],
-        "model_type": "llama",
+        "architectures": [MLA_ARCHITECTURE if g.is_mla else ARCHITECTURE],
+        "model_type": MLA_MODEL_TYPE if g.is_mla else "llama",
         "num_hidden_layers": g.num_layers,  # SGLang: 1 only (geometry_refusals)
         "hidden_size": g.hidden_size,
         "num_attention_heads": g.num_attention_heads,
@@ -194,6 +218,9 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
         "dtype": dtype,
         "eagle_config": eagle_config,
     }
+    if g.is_mla:  # the engines' MLA draft layer reads these; head_dim is theirs to derive
+        del cfg["head_dim"]
+        cfg.update({name: getattr(g, name) for name in MLA_FIELDS})
     if engine == "sglang":
         eagle_config[IDS_KEY] = ids  # model_runner.py reads only eagle_config[...] and adds 1
     else:

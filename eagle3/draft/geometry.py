@@ -17,7 +17,14 @@ from typing import Any, Optional
 from omegaconf.errors import OmegaConfBaseException
 
 from eagle3.config.schema import ModelConfig
-from eagle3.draft.options import LAYER_VARIANTS, VARIANT_ENGINES, variant_engines_refusing
+from eagle3.draft.options import (
+    ATTENTION_LLAMA,
+    ATTENTION_MLA,
+    ATTENTIONS,
+    LAYER_VARIANTS,
+    VARIANT_ENGINES,
+    variant_engines_refusing,
+)
 from eagle3.engines import ENGINE_MAX_DRAFT_LAYERS
 from eagle3.layer_ids import (
     ENGINE_NUM_CAPTURES,
@@ -45,6 +52,12 @@ class DraftGeometry:
         num_layers: The draft's decoder layers (`model.draft.num_layers`); 1 is what SGLang serves.
         norm_before_residual / norm_before_fc / fc_norm / norm_output: the layer variant
             (`eagle3.draft.options.LAYER_VARIANTS`: what each changes, which engines serve it).
+        attention: `eagle3.draft.options.ATTENTIONS`; llama uses the head fields above, mla the
+            MLA fields below (0 for a llama draft) and the heads (`num_key_value_heads` = heads:
+            after kv_b_proj every head has its own keys).
+        q_lora_rank / kv_lora_rank: MLA's query and key/value compression ranks.
+        qk_nope_head_dim / qk_rope_head_dim / v_head_dim: MLA's per-head key split (no rope |
+            rope, the rope part shared by all heads) and value width.
     """
 
     hidden_size: int
@@ -67,7 +80,22 @@ class DraftGeometry:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    attention: str = ATTENTION_LLAMA
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
     extra: dict = field(default_factory=dict)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head width of queries and keys: head_dim (llama), nope + rope (mla)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == ATTENTION_MLA
 
     def variants(self) -> dict[str, bool]:
         """The layer-variant flags, `{name: bool}` in `LAYER_VARIANTS` order."""
@@ -83,6 +111,30 @@ class DraftGeometry:
         data = dict(data)
         data["capture_layers"] = tuple(data["capture_layers"])
         return cls(**data)
+
+
+#: The MLA fields a draft with `attention: mla` takes from the target's config.json (or `model.draft`).
+#: A null target `q_lora_rank` (DeepSeek-V2-Lite) is not one: the engines' MLA draft layers need a
+#: query rank, so the draft then uses `kv_lora_rank` unless `model.draft.q_lora_rank` says otherwise.
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def target_has_mla(target_cfg: Mapping[str, Any]) -> bool:
+    """Whether a target config.json describes MLA attention (DeepSeek-V2/V3, Kimi-K2.x)."""
+    return bool(target_cfg.get("kv_lora_rank")) and bool(target_cfg.get("qk_rope_head_dim"))
+
+
+def _mla_fields(target_cfg: Mapping[str, Any], o: Mapping[str, Any]) -> dict[str, int]:
+    """The MLA geometry: `model.draft` overrides, else the target's; refuses an incomplete one."""
+    values = {name: o.get(name) or target_cfg.get(name) for name in MLA_FIELDS}
+    if not values["q_lora_rank"]:
+        values["q_lora_rank"] = values["kv_lora_rank"]
+    missing = [name for name, value in values.items() if not value]
+    if missing:
+        raise ValueError(f"model.draft.attention: found {ATTENTION_MLA!r} for a target without MLA geometry "
+                         f"(its config.json has no {', '.join(missing)}); valid: {ATTENTION_LLAMA}, or "
+                         f"{ATTENTION_MLA} with model.draft.{{{','.join(missing)}}} set")
+    return {name: int(value) for name, value in values.items()}
 
 
 def _rope(cfg: Mapping[str, Any]) -> tuple[float, Optional[dict]]:
@@ -112,6 +164,13 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
     theta, _ = _rope(target_cfg)
     capture = tuple(int(i) for i in capture_layers)
     variants: dict[str, Any] = {name: bool(o.get(name, False)) for name in LAYER_VARIANTS}
+    attention = str(o.get("attention") or ATTENTION_LLAMA)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"model.draft.attention: found {attention!r}, valid: {', '.join(ATTENTIONS)}")
+    mla: dict[str, Any] = {}
+    if attention == ATTENTION_MLA:
+        mla = {"attention": attention, **_mla_fields(target_cfg, o)}
+        kv_heads = heads  # kv_b_proj gives every head its own keys and values
     return DraftGeometry(
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -131,6 +190,7 @@ def geometry_from_target(target_cfg: Mapping[str, Any], capture_layers, draft_vo
         hidden_act=str(target_cfg.get("hidden_act", "silu")),
         num_layers=int(o.get("num_layers") or 1),
         **variants,
+        **mla,
     )
 
 
@@ -238,7 +298,13 @@ def geometry_refusals(g: DraftGeometry, engine: str, include_embedding: bool = F
                                    f"{engine}'s llama_eagle3 raises 'EAGLE3 currently only supports {most} layer'; "
                                    + ", ".join(e for e, n in ENGINE_MAX_DRAFT_LAYERS.items() if n is None)
                                    + " serves any number"))
+    if g.is_mla and g.norm_before_fc:
+        out.append(GeometryRefusal("norm_before_fc", "true with attention mla", "false",
+                                   "the engines' MLA drafts (Eagle3DeepseekV2ForCausalLM) have no input_norm "
+                                   "and would run fc on the raw states"))
     for name in variant_engines_refusing(g.variants(), [engine]).get(engine, []):
+        if g.is_mla and name == "norm_before_fc":
+            continue  # refused above for every engine
         out.append(GeometryRefusal(name, "true", f"false for {engine}",
                                    f"{engine}'s llama_eagle3 has no such option and would run the plain layer; "
                                    f"{'/'.join(VARIANT_ENGINES[name])} serves it"))

@@ -16,6 +16,10 @@ without error and then accepts nothing:
         out = mlp(post_attention_layernorm(h)) + h
     logits = lm_head(norm(out))                                         # out: next step's hidden
 
+`model.draft.attention=mla` swaps q/k/v_proj for DeepSeek's latent attention at the target's MLA
+geometry (`eagle3.draft.mla`, vLLM's and SGLang's `Eagle3DeepseekV2ForCausalLM`); the rest of the
+layer is unchanged.
+
 Only the first layer sees the token embedding; the later ones are plain Llama layers on the
 residual stream, each with its own attention (its own keys in training-time test and its own
 KV cache when decoding), which is what vLLM 0.32's `llama_eagle3.py` builds for
@@ -36,21 +40,11 @@ from torch import nn
 
 from eagle3.draft.attention import apply_rope, rope_cos_sin
 from eagle3.draft.geometry import DraftGeometry
+from eagle3.draft.mla import MLADraftAttention
+from eagle3.draft.norm import RMSNorm
+from eagle3.draft.options import ATTENTION_LLAMA, ATTENTION_MLA
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class DraftAttention(nn.Module):
@@ -59,19 +53,27 @@ class DraftAttention(nn.Module):
     def __init__(self, g: DraftGeometry, in_features: int) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = g.num_attention_heads, g.num_key_value_heads, g.head_dim
+        self.theta = g.rope_theta
         self.q_proj = nn.Linear(in_features, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(in_features, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, g.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        bsz, seq, _ = x.shape  # x [B, T, in_features]
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        bsz, seq, _ = x.shape  # x [B, T, in_features]; positions [T] or [B, T]
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)  # [T, D] / [B, T, D]
+        if positions.dim() == 2:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
         q = self.q_proj(x).view(bsz, seq, self.heads, self.head_dim).transpose(1, 2)  # [B, Hq, T, D]
         k = self.k_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, Hkv, T, D]
         v = self.v_proj(x).view(bsz, seq, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attend(q, k, v)  # [B, Hq, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(bsz, seq, self.heads * self.head_dim))
+
+
+#: The attention module of each `model.draft.attention` choice (eagle3.draft.options.ATTENTIONS).
+ATTENTION_MODULES: dict[str, type[nn.Module]] = {ATTENTION_LLAMA: DraftAttention, ATTENTION_MLA: MLADraftAttention}
 
 
 class DraftMLP(nn.Module):
@@ -93,16 +95,16 @@ class DraftDecoderLayer(nn.Module):
         self.norm_before_residual = g.norm_before_residual
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.hidden_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        self.self_attn = DraftAttention(g, 2 * g.hidden_size)
+        self.self_attn = ATTENTION_MODULES[g.attention](g, 2 * g.hidden_size)
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.mlp = DraftMLP(g)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 attend: Attend) -> torch.Tensor:
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
-        h = self.self_attn(x, cos, sin, attend) + residual
+        h = self.self_attn(x, positions, attend) + residual
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 
@@ -112,12 +114,12 @@ class DraftStackLayer(nn.Module):
     def __init__(self, g: DraftGeometry) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
-        self.self_attn = DraftAttention(g, g.hidden_size)
+        self.self_attn = ATTENTION_MODULES[g.attention](g, g.hidden_size)
         self.post_attention_layernorm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.mlp = DraftMLP(g)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-        h = self.self_attn(self.input_layernorm(x), cos, sin, attend) + x  # x [B, T, H]
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), positions, attend) + x  # x [B, T, H]
         return self.mlp(self.post_attention_layernorm(h)) + h
 
 
@@ -176,13 +178,6 @@ class Eagle3Draft(nn.Module):
         """Target id of each draft id, `[draft_vocab]`."""
         return torch.arange(self.geometry.draft_vocab_size, device=self.d2t.device) + self.d2t
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions `[T]` (shared by the batch) or `[B, T]` -> broadcastable to q."""
-        cos, sin = rope_cos_sin(positions, self.geometry.head_dim, self.geometry.rope_theta, dtype)
-        if positions.dim() == 2:
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
-        return cos, sin
-
     def step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
              attends: Sequence[Attend]) -> torch.Tensor:
         """One draft step: hidden `[B, T, H]` (fc output or previous step), ids `[B, T]` -> `[B, T, H]`.
@@ -192,11 +187,10 @@ class Eagle3Draft(nn.Module):
         """
         if len(attends) != self.geometry.num_layers:
             raise ValueError(f"{len(attends)} attention patterns for a {self.geometry.num_layers}-layer draft")
-        cos, sin = self.rope(positions, hidden.dtype)
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        out = self.midlayer(embeds, hidden, cos, sin, attends[0])
+        out = self.midlayer(embeds, hidden, positions, attends[0])
         for layer, attend in zip(self.layers.values(), attends[1:], strict=True):
-            out = layer(out, cos, sin, attend)
+            out = layer(out, positions, attend)
         return out
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,14 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
 AUTO_PRECISION = "auto"
 PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
+#: `model.draft.attention`: the draft layer's attention. llama = grouped-query attention with q/k/v
+#: projections (EAGLE-3's layer: vLLM's llama_eagle3, SGLang's LlamaForCausalLMEagle3); mla = DeepSeek's
+#: multi-head latent attention at the target's MLA geometry (vLLM's and SGLang's
+#: Eagle3DeepseekV2ForCausalLM, the public Kimi-K2.5 MLA drafts). MLA needs a target with MLA
+#: geometry (`eagle3.draft.geometry.MLA_FIELDS`) or those fields set under `model.draft`.
+ATTENTION_LLAMA, ATTENTION_MLA = "llama", "mla"
+ATTENTIONS = (ATTENTION_LLAMA, ATTENTION_MLA)
+
 # `model.draft` layer variants (LAYER_VARIANTS: what each changes), the engines that serve each
 # (VARIANT_ENGINES) and a draft's default layer by the engine that will serve it (SERVING_LAYER,
 # `serving_layer_default`) live in the leaf `eagle3.engines`: config's resolvers read them.

@@ -13,8 +13,10 @@ from typing import Optional
 
 from eagle3.config.checks import ConfigErrors, value_at
 from eagle3.config.schema import Eagle3Config, EvalConfig, ModelConfig, OptimizerConfig, TrainConfig
-from eagle3.draft.geometry import config_refusals
+from eagle3.draft.geometry import MLA_FIELDS, config_geometry, config_refusals
 from eagle3.draft.options import (
+    ATTENTION_MLA,
+    ATTENTIONS,
     HIDDEN_STATE_MODES,
     LOSSES,
     LR_SCHEDULES,
@@ -73,6 +75,17 @@ def _check_draft_geometry(model: ModelConfig, err: ConfigErrors) -> None:
     and exported for the others, and refused where a stage serves it on one of those
     (`eagle3.serving.rules.check_chain_draft_engine`).
     """
+    err.choice("model.draft.attention", model.draft.attention, ATTENTIONS)
+    if model.draft.attention == ATTENTION_MLA:
+        try:
+            config_geometry(model)
+        except ValueError as exc:
+            if str(exc).startswith("model.draft.attention:"):  # the target has no MLA geometry
+                missing = str(exc).split("has no ", 1)[1].split(")", 1)[0]
+                err.add("model.draft.attention", ATTENTION_MLA,
+                        f"the target {model.path} has no MLA geometry (its config.json lacks {missing})",
+                        f"llama, or mla with model.draft.{{{','.join(MLA_FIELDS)}}} set")
+                return
     layers, fc_in = list(model.capture_layers), model.draft.fc_in_features
     if fc_in is not None and layers and fc_in != len(layers) * model.hidden_size:
         # The engines feed fc one TARGET hidden state per captured layer, whatever the draft's width.
