@@ -18,3 +18,16 @@ ASSETS_DIR = PACKAGE_DIR / "assets"
 def asset_path(name: str) -> Path:
     """Absolute path of a file or directory shipped in `eagle3/assets/`."""
     return ASSETS_DIR / name
+
+
+#: The targets this repository trains and ships (`conf/model/demo.yaml`, `conf/model/demo_kimi.yaml`).
+DEMO_TARGETS = ("demo_target", "demo_kimi_target")
+
+
+def demo_answerer(model_path: str) -> str:
+    """Which target answers the demo_native set: the configured one when it is a shipped demo target
+    (its answers are then target-native), else the demo target (sampling a large target on a CPU
+    is not a demo; such a run should bring its own target-native data)."""
+    shipped = {str(asset_path(name)) for name in DEMO_TARGETS}
+    resolved = str(Path(model_path).resolve()) if Path(model_path).is_dir() else model_path
+    return resolved if resolved in shipped else str(asset_path(DEMO_TARGETS[0]))

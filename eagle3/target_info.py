@@ -72,6 +72,11 @@ def resolve_dir(path: str, revision: Optional[str] = None, cache_dir: Optional[s
                                   local_files_only=local_files_only))
 
 
+def target_has_mla(target_cfg: dict[str, Any]) -> bool:
+    """Whether a target config.json describes MLA attention (DeepSeek-V2/V3, Kimi-K2.x)."""
+    return bool(target_cfg.get("kv_lora_rank")) and bool(target_cfg.get("qk_rope_head_dim"))
+
+
 def read_config(path: str | Path, text_config_key: Optional[str] = None) -> Optional[dict[str, Any]]:
     """The language model's config from `<path>/config.json`, or None when there is no such file.
 

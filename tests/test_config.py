@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from eagle3.config import schema
+from eagle3.config import logger_schema, schema
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 from eagle3.stages import check_config, stage_names
 from tests.conftest import HANG_GUARD_S, compose_config
@@ -100,7 +100,7 @@ def _schema_default(rel: Path, key: str):
         pass
     text = (CONF_DIR / rel).read_text()
     if rel.parts[0] == "logger" and "@package _global_" not in text:
-        node = OmegaConf.structured(schema.WandbLoggerConfig if rel.stem == "wandb" else schema.CSVLoggerConfig)
+        node = OmegaConf.structured(logger_schema.WandbLoggerConfig if rel.stem == "wandb" else logger_schema.CSVLoggerConfig)
     else:
         node = OmegaConf.structured(schema.Eagle3Config)
         if "@package _global_" not in text and len(rel.parts) > 1:

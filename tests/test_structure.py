@@ -26,7 +26,9 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# eagle3/assets/ holds data shipped with the package, remote code beside a demo target's weights
+# included (a copy of eagle3/demo/tokenization_tiktoken.py, tests/test_demo_kimi.py): not package modules.
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "assets" not in p.relative_to(PACKAGE).parts}
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -19,11 +19,12 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from eagle3.config.schema import CSVLoggerConfig, DraftGeometryConfig, Eagle3Config, ModelConfig, WandbLoggerConfig
+from eagle3.config.logger_schema import CSVLoggerConfig, WandbLoggerConfig
+from eagle3.config.schema import DraftGeometryConfig, Eagle3Config, ModelConfig
 from eagle3.dtypes import DTYPES
 from eagle3.engines import serving_layer_default
 from eagle3.layer_ids import standard_capture_layers
-from eagle3.paths import PROJECT_ROOT, asset_path
+from eagle3.paths import PROJECT_ROOT, asset_path, demo_answerer
 from eagle3.target_info import (
     DEFAULT_TEXT_CONFIG_KEY,
     HF_CONFIG_KEYS,
@@ -188,6 +189,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver(
         "eagle3_asset", lambda name: str(asset_path(name)), replace=True
     )
+    OmegaConf.register_new_resolver("eagle3_demo_answerer", demo_answerer, replace=True)
     OmegaConf.register_new_resolver("eagle3_job_dirname", job_dirname, replace=True)
     # model.draft.<variant> defaults by the serving engine, from the one table in eagle3.engines.
     OmegaConf.register_new_resolver("eagle3_serving_layer", serving_layer_default, replace=True)

@@ -57,9 +57,7 @@ class DraftGeometryConfig:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
-    # The draft layer's attention (eagle3.draft.options.ATTENTIONS): llama (q/k/v projections) or mla
-    # (DeepSeek's latent attention; the target's MLA geometry, each field below overridable, null =
-    # the target's: eagle3.draft.geometry.MLA_FIELDS).
+    # The layer's attention (eagle3.draft.options.ATTENTIONS); mla's fields below: null = the target's.
     attention: str = "llama"
     q_lora_rank: Optional[int] = None
     kv_lora_rank: Optional[int] = None
@@ -112,6 +110,8 @@ class DatasetSourceConfig:
     split: str = "train"
     data_files: Optional[list[str]] = None  # local json / jsonl / parquet
     generator: Optional[str] = None  # demo_native | demo_prompts (built in the package)
+    # generator demo_native: the target whose sampled answers it holds (conf/dataset/demo_native.yaml).
+    answered_by: Optional[str] = None
     num_samples: Optional[int] = None  # None = all
     weight: float = 1.0  # mixture weight (merge stage)
     streaming: bool = False
@@ -429,30 +429,5 @@ class Eagle3Config:
     bench: BenchConfig = field(default_factory=BenchConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     # Lightning logger, instantiated from its _target_; typed by the per-option schemas in
-    # store.py (None = no logger).
+    # logger_schema.py (None = no logger).
     logger: Any = None
-
-
-@dataclass
-class WandbLoggerConfig:
-    """Weights & Biases through Lightning. Offline unless WANDB_API_KEY is set in the
-    environment; the key itself never appears in a config."""
-
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
-    project: str = "eagle3"
-    entity: Optional[str] = None
-    name: Optional[str] = None
-    group: Optional[str] = None  # sweeps set this so their jobs group together
-    tags: list[str] = field(default_factory=list)
-    offline: bool = True
-    save_dir: str = "${paths.root}/logs"
-    log_model: bool = False
-
-
-@dataclass
-class CSVLoggerConfig:
-    """Plain CSV metrics beside the run (always available, no account)."""
-
-    _target_: str = "lightning.pytorch.loggers.CSVLogger"
-    save_dir: str = "${paths.root}/logs"
-    name: str = "csv"

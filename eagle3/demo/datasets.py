@@ -80,11 +80,11 @@ def demo_prompts_records(num_samples: int, seed: int) -> Iterator[dict]:
 
 
 @functools.lru_cache(maxsize=2)
-def load_target(path: str):
+def load_target(path: str, trust_remote_code: bool = False):
     """Model and tokenizer, loaded once per process (float32: portable and fast enough on CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
     import torch  # here: importing this module (validation reads GENERATORS) must not load torch
 
@@ -162,7 +162,8 @@ def _run_batch(model, tokenizer, plans: list[convs.Plan], batch_seed: str, max_n
 
 def demo_native_records(num_samples: int, seed: int, target_path: str | Path = corpus.DEMO_TARGET_PATH,
                         batch_size: int = 8, max_new_tokens: int = 256,
-                        temperature: float = 0.7, skip_ids: Collection[str] = ()) -> Iterator[dict]:
+                        temperature: float = 0.7, skip_ids: Collection[str] = (),
+                        trust_remote_code: bool = False) -> Iterator[dict]:
     """The first ``num_samples`` records of the target-native stream for ``seed``.
 
     Batches are fixed slices of the plan stream (records ``k*batch_size ..``), always generated
@@ -177,7 +178,7 @@ def demo_native_records(num_samples: int, seed: int, target_path: str | Path = c
         ``{"id", "messages", "tools"?, "meta"}`` with assistant turns carrying
         ``reasoning_content`` and, for tool use, ``tool_calls`` answered by real ``tool`` turns.
     """
-    model, tokenizer = load_target(str(target_path))
+    model, tokenizer = load_target(str(target_path), trust_remote_code)
     skip = set(skip_ids)
     plans = _unique_plans("native", seed)
     emitted = 0
@@ -205,7 +206,7 @@ def demo_native_records(num_samples: int, seed: int, target_path: str | Path = c
 
 
 def write_demo_source(out: Any, generator: str, num_samples: int, seed: int, target_path: Path,
-                      output_name: str) -> None:
+                      output_name: str, trust_remote_code: bool = False) -> None:
     """Generate a demo source's records into `out` (resumable by id: done ids are not regenerated).
 
     A demo_native turn cut at max_new_tokens is rejected (`length_cut`): closed by the template,
@@ -217,7 +218,8 @@ def write_demo_source(out: Any, generator: str, num_samples: int, seed: int, tar
     if generator == DEMO_PROMPTS:
         stream = demo_prompts_records(num_samples, seed)
     else:
-        stream = demo_native_records(num_samples, seed, target_path, skip_ids=set(out.done_ids))
+        stream = demo_native_records(num_samples, seed, target_path, skip_ids=set(out.done_ids),
+                                     trust_remote_code=trust_remote_code)
     for record in progress(stream, total=num_samples, desc=f"demo_data {out.name}"):
         out.count_in()
         if out.is_done(record["id"]):

@@ -39,7 +39,7 @@ def bytes_to_unicode() -> dict[int, str]:
             printable.append(byte)
             chars.append(256 + extra)
             extra += 1
-    return dict(zip(printable, map(chr, chars)))
+    return dict(zip(printable, map(chr, chars), strict=True))
 
 
 class TikTokenTokenizer(PreTrainedTokenizer):

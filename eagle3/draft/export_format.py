@@ -61,16 +61,12 @@ from typing import Any, Optional
 import torch
 
 from eagle3.draft.geometry import MLA_FIELDS, DraftGeometry, geometry_refusals
-from eagle3.draft.options import LAYER_VARIANTS
+from eagle3.draft.options import LAYER_VARIANTS, MLA_ARCHITECTURE, MLA_MODEL_TYPE
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.errors import Eagle3Error
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-#: The MLA draft (`model.draft.attention=mla`): vLLM's `deepseek_eagle3.py` and SGLang's
-#: `kimi_k25_eagle3.py` both register this name. Its model_type must be deepseek_v2: vLLM rewrites a
-#: deepseek_v3 draft config to its MTP model and refuses it ('Eagle3DeepSeekMTPModel ... not supported').
-MLA_ARCHITECTURE, MLA_MODEL_TYPE = "Eagle3DeepseekV2ForCausalLM", "deepseek_v2"
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 METADATA_KEY = "eagle3"

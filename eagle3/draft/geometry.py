@@ -119,11 +119,6 @@ class DraftGeometry:
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
-def target_has_mla(target_cfg: Mapping[str, Any]) -> bool:
-    """Whether a target config.json describes MLA attention (DeepSeek-V2/V3, Kimi-K2.x)."""
-    return bool(target_cfg.get("kv_lora_rank")) and bool(target_cfg.get("qk_rope_head_dim"))
-
-
 def _mla_fields(target_cfg: Mapping[str, Any], o: Mapping[str, Any]) -> dict[str, int]:
     """The MLA geometry: `model.draft` overrides, else the target's; refuses an incomplete one."""
     values = {name: o.get(name) or target_cfg.get(name) for name in MLA_FIELDS}

@@ -43,6 +43,10 @@ PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 #: geometry (`eagle3.draft.geometry.MLA_FIELDS`) or those fields set under `model.draft`.
 ATTENTION_LLAMA, ATTENTION_MLA = "llama", "mla"
 ATTENTIONS = (ATTENTION_LLAMA, ATTENTION_MLA)
+#: The MLA draft's export: vLLM's `deepseek_eagle3.py` and SGLang's `kimi_k25_eagle3.py` both register
+#: this name. Its model_type must be deepseek_v2: vLLM rewrites a deepseek_v3 draft config to its MTP
+#: model and refuses it ('Eagle3DeepSeekMTPModel ... not supported').
+MLA_ARCHITECTURE, MLA_MODEL_TYPE = "Eagle3DeepseekV2ForCausalLM", "deepseek_v2"
 
 # `model.draft` layer variants (LAYER_VARIANTS: what each changes), the engines that serve each
 # (VARIANT_ENGINES) and a draft's default layer by the engine that will serve it (SERVING_LAYER,

@@ -70,6 +70,7 @@ from eagle3.engines import (
 )
 from eagle3.errors import Eagle3Error
 from eagle3.serving.rules import KERNELS, MEM_FRACTION, RULED_FLAGS, extra_arg_flags, server_errors
+from eagle3.target_info import read_config, target_has_mla
 
 __all__ = [
     "HiddenStateExport",
@@ -86,6 +87,12 @@ __all__ = [
 
 IOMP_LIBRARY = Path("lib") / "libiomp5.so"
 CHUNKED_PREFILL = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")  # vLLM's flag, on / off
+#: vLLM's CPU build, eager, on an MLA target (DeepSeek-V3, Kimi): its `rotary_embedding` custom op
+#: rotates MLA's rope dims wrongly (prompt log-probs off by up to 0.28, greedy output diverging at the
+#: second token, against transformers); compiled mode, or eager with custom ops off, is right. So an
+#: eager launch of an MLA target on CPU gets custom ops off unless a compilation config is given.
+ENFORCE_EAGER, COMPILATION_CONFIG = "--enforce-eager", "--compilation-config"
+MLA_EAGER_COMPILATION = {"custom_ops": ["none"]}
 DRAFT_KEY = "server.speculative.draft_path"
 
 PathLike = Union[str, os.PathLike]
@@ -378,6 +385,10 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
         argv += _hidden_state_flags(hidden_states)
     if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & set(extra_arg_flags(server.extra_args)):
         argv.append(CHUNKED_PREFILL[1])  # see the module docstring: seeded sampling on vLLM's CPU build
+    given = set(extra_arg_flags(server.extra_args))
+    if server.profile == CPU_PROFILE and ENFORCE_EAGER in given and COMPILATION_CONFIG not in given \
+            and target_has_mla(read_config(str(model.path), model.text_config_key) or {}):
+        argv += [COMPILATION_CONFIG, json.dumps(MLA_EAGER_COMPILATION, separators=(",", ":"))]
     argv += [str(a) for a in server.extra_args]
     env: dict[str, str] = {}
     if hidden_states is not None:  # where the server imports the connector from (nothing else of ours)

@@ -20,7 +20,7 @@ from eagle3.config.checks import ConfigErrors, field_values, value_at
 from eagle3.config.schema import Eagle3Config, ModelConfig
 from eagle3.config.server_schema import ServerConfig
 from eagle3.draft.geometry import config_refusals
-from eagle3.draft.options import LAYER_VARIANTS
+from eagle3.draft.options import ATTENTION_LLAMA, ATTENTION_MLA, LAYER_VARIANTS, MLA_ARCHITECTURE
 from eagle3.engines import (
     CPU_PROFILE,
     EAGLE,
@@ -39,6 +39,7 @@ from eagle3.engines import (
     VLLM,
 )
 from eagle3.serving.http import is_loopback_host
+from eagle3.target_info import read_config, target_has_mla
 
 __all__ = ["RULED_FLAGS", "check_bench", "check_chain_draft_engine", "check_serve", "check_server", "check_servers",
            "draft_kind", "extra_arg_flags", "server_errors", "speculative_algorithm_error"]
@@ -252,8 +253,10 @@ def check_chain_draft_engine(cfg: Eagle3Config, err: ConfigErrors) -> None:
     geometry the engine's export refuses (`eagle3.draft.geometry.geometry_refusals`: a layer variant
     or a capture SGLang lacks) is exported for the other engines only, so there is none to serve."""
     server = cfg.server
-    if server.speculative.algorithm is None or server.speculative.draft_path is not None \
-            or server.backend not in ENGINES:
+    if server.speculative.algorithm is None or server.backend not in ENGINES:
+        return
+    _check_cpu_attention_pairing(cfg, err)
+    if server.speculative.draft_path is not None:
         return
     refused = config_refusals(cfg.model)
     serving = [engine for engine in ENGINES if engine not in refused]
@@ -264,6 +267,39 @@ def check_chain_draft_engine(cfg: Eagle3Config, err: ConfigErrors) -> None:
         err.add(r.config_key, value_at(cfg, r.config_key), f"{server.backend} cannot serve this draft "
                 f"{what} ({r.why}), so the chain exports none for it",
                 f"{r.expected}, or server.backend={'/'.join(serving)}")
+
+
+def _draft_is_mla(cfg: Eagle3Config) -> Optional[bool]:
+    """Whether the draft to serve is an MLA draft: the chain's (`model.draft.attention`), or the
+    export at `server.speculative.draft_path` by its architecture (None: unreadable there)."""
+    path = cfg.server.speculative.draft_path
+    if path is None:
+        return cfg.model.draft.attention == ATTENTION_MLA
+    config_file = Path(str(path)).expanduser() / "config.json"
+    try:
+        return MLA_ARCHITECTURE in json.loads(config_file.read_text(encoding="utf-8")).get("architectures", [])
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _check_cpu_attention_pairing(cfg: Eagle3Config, err: ConfigErrors) -> None:
+    """vLLM's CPU build serves a draft only with the target's kind of attention (llama with llama,
+    MLA with MLA): the two KV caches share no block size otherwise, and the engine dies at start
+    ('No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])'). GPUs serve both."""
+    server = cfg.server
+    if server.backend != VLLM or server.profile != CPU_PROFILE:
+        return
+    target = read_config(str(cfg.model.path), cfg.model.text_config_key)
+    draft_mla = _draft_is_mla(cfg)
+    if target is None or draft_mla is None or target_has_mla(target) == draft_mla:
+        return
+    kinds = {True: "an MLA", False: "a llama-attention"}
+    key = "model.draft.attention" if server.speculative.draft_path is None else "server.speculative.draft_path"
+    err.add(key, value_at(cfg, key), f"vLLM's CPU build cannot serve {kinds[draft_mla]} draft beside "
+            f"{kinds[target_has_mla(target)]} target {cfg.model.path} (the KV caches share no block size; "
+            "GPUs serve it); in-process eval measures this draft on any machine",
+            f"model.draft.attention={ATTENTION_MLA if target_has_mla(target) else ATTENTION_LLAMA}, "
+            "or server=vllm_gpu on a GPU")
 
 
 def check_serve(cfg: Eagle3Config, err: ConfigErrors) -> None:

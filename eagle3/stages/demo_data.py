@@ -8,6 +8,7 @@ the demo target, target-native track). Only sources with a `generator` are units
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig
@@ -22,9 +23,14 @@ DATA_FILE = "data.jsonl"
 DEMO_TARGET = "demo_target"
 
 
-def _target_fingerprint() -> dict[str, Any]:
-    """The demo target's identity: demo_native answers change when the target does."""
-    return target_identity(str(asset_path(DEMO_TARGET)))
+def _answerer(cfg: DictConfig, unit: str) -> str:
+    """The target that answers a demo_native source (`answered_by`; unset: the demo target)."""
+    return str(cfg.dataset.sources[unit].get("answered_by") or asset_path(DEMO_TARGET))
+
+
+def _target_fingerprint(path: str) -> dict[str, Any]:
+    """The answering target's identity: demo_native answers change when the target does."""
+    return target_identity(path)
 
 
 def _units(cfg: DictConfig) -> list[str]:
@@ -41,7 +47,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
         "seed": cfg.data.seed,
     }
     if src.generator == DEMO_NATIVE:
-        config["target"] = _target_fingerprint()
+        config["target"] = _target_fingerprint(_answerer(cfg, unit))
     return config
 
 
@@ -55,7 +61,11 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     from eagle3.demo.datasets import write_demo_source
 
     src = cfg.dataset.sources[unit]
-    write_demo_source(out, src.generator, src.num_samples, int(cfg.data.seed), asset_path(DEMO_TARGET), DATA_FILE)
+    answerer = _answerer(cfg, unit)
+    # Remote code only as the config allows it, and only for the configured target (demo_kimi's tokenizer).
+    trust = bool(cfg.model.trust_remote_code) and answerer == str(cfg.model.path)
+    write_demo_source(out, src.generator, src.num_samples, int(cfg.data.seed), Path(answerer), DATA_FILE,
+                      trust_remote_code=trust)
     return {"schema": src.schema, "track": src.track, "file": DATA_FILE}
 
 
