@@ -1,4 +1,6 @@
-"""The committed demo target: loadable without remote code, Kimi-K2.5 layout, thinks, then answers."""
+"""The committed demo targets, Llama-shaped (`demo`) and Kimi-shaped (`demo_kimi`): Kimi-K2.5's chat
+layout, they think, then answer. The demo loads without remote code; demo_kimi's tokenizer is remote
+code over tiktoken ranks, as Kimi-K2.5's is, and its model is transformers' DeepSeek-V3 (MLA, MoE)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from eagle3.chat_formats import kimi as kf
 from eagle3.demo import conversations as convs
 from eagle3.demo import evaluation as ev
 
-TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"
+ASSETS = Path(eagle3.__file__).parent / "assets"
+TARGET = ASSETS / "demo_target"
+KIMI_TARGET = ASSETS / "demo_kimi_target"
 TEMPLATE = Path(eagle3.__file__).parent / "assets" / "chat_templates" / "kimi_k25.jinja"
 
 TOOLS = [{"type": "function", "function": {
@@ -30,19 +34,25 @@ CONVERSATION = [
 ]
 
 
+@pytest.fixture(scope="module", params=[TARGET, KIMI_TARGET], ids=["demo", "demo_kimi"])
+def target(request) -> Path:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def tokenizer():
+def tokenizer(target):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(TARGET)
+    # demo_kimi's tokenizer is its own remote code (tokenization_tiktoken.py), as Kimi-K2.5's is.
+    return AutoTokenizer.from_pretrained(target, trust_remote_code=target == KIMI_TARGET)
 
 
 @pytest.fixture(scope="module")
-def model():
+def model(target):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(2)
-    return AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
 
 
 def _expected_ids(tokenizer, pieces: list[str]) -> list[int]:
@@ -54,13 +64,15 @@ def _expected_ids(tokenizer, pieces: list[str]) -> list[int]:
     return ids
 
 
-def test_files_config_and_size(tokenizer):
-    names = {p.name for p in TARGET.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "training_report.json"} <= names
-    assert sum(p.stat().st_size for p in TARGET.iterdir()) <= 25 * 2**20
-    cfg = json.loads((TARGET / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
+def test_files_config_and_size(target, tokenizer):
+    names = {p.name for p in target.iterdir()}
+    tokenizer_files = {"tiktoken.model", "tokenization_tiktoken.py"} if target == KIMI_TARGET else {"tokenizer.json"}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json",
+            "training_report.json", *tokenizer_files} <= names
+    assert sum(p.stat().st_size for p in target.iterdir()) <= 32 * 2**20
+    cfg = json.loads((target / "config.json").read_text())
+    arch = "DeepseekV3ForCausalLM" if target == KIMI_TARGET else "LlamaForCausalLM"
+    assert cfg["architectures"] == [arch] and cfg["tie_word_embeddings"] is True
     layers = cfg["num_hidden_layers"]
     assert layers >= 8 and len({2, layers // 2, layers - 3}) == 3 and layers - 3 < layers - 1
     assert cfg["vocab_size"] == len(tokenizer)
@@ -68,7 +80,7 @@ def test_files_config_and_size(tokenizer):
     assert gen["eos_token_id"] == tokenizer.convert_tokens_to_ids(kf.IM_END)
 
 
-def test_heldout_loss_is_well_below_a_unigram_baseline(model, tokenizer):
+def test_heldout_loss_is_well_below_a_unigram_baseline(target, model, tokenizer):
     # Measured here, not read from the training report: a unigram over training-split
     # conversations against the model on held-out ones (the report's figures use more of both).
     from eagle3.demo import conversations as convs
@@ -82,7 +94,7 @@ def test_heldout_loss_is_well_below_a_unigram_baseline(model, tokenizer):
     held = ev.evaluate(model, tokenizer, ev.heldout_sequences(tokenizer, 24, 0), unigram)
     assert held["model_all"] < 0.6 * held["unigram_all"], held
     assert held["model_assistant"] < 0.65 * held["unigram_assistant"], held
-    report = json.loads((TARGET / "training_report.json").read_text())["heldout"]
+    report = json.loads((target / "training_report.json").read_text())["heldout"]
     assert report["model_all"] < 0.55 * report["unigram_all"]
 
 
@@ -162,3 +174,41 @@ def test_tool_prompt_emits_tool_call(model, tokenizer):
     assert sample["has_tool_call"], sample["text"]
     assert sample["tool_calls"][0]["function"]["name"] == "read_file"
 
+
+
+# ------------------------------------------------------------------------------------------
+# demo_kimi: Kimi-K2.5's architecture and tokenizer kind
+
+
+def test_demo_kimi_is_deepseek_v3_with_the_mla_geometry_vllms_cpu_kernel_serves():
+    cfg = json.loads((KIMI_TARGET / "config.json").read_text())
+    assert cfg["model_type"] == "deepseek_v3" and cfg["num_hidden_layers"] == 8
+    # vLLM's CPU MLA kernel serves head size 576 only: Kimi's own kv_lora_rank 512 + qk_rope_head_dim 64.
+    assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]) == (512, 64) and cfg["q_lora_rank"]
+    assert (cfg["first_k_dense_replace"], cfg["n_routed_experts"], cfg["num_experts_per_tok"],
+            cfg["n_shared_experts"]) == (1, 8, 2, 1)
+    assert (cfg["topk_method"], cfg["scoring_func"], cfg["num_nextn_predict_layers"]) == ("noaux_tc", "sigmoid", 0)
+
+
+def test_demo_kimi_tokenizer_is_remote_code_over_tiktoken_and_ships_the_repos_own_class():
+    from transformers import AutoTokenizer
+
+    from eagle3.data.special_text import encode_as_text
+
+    shipped = KIMI_TARGET / "tokenization_tiktoken.py"
+    assert shipped.read_bytes() == (Path(eagle3.__file__).parent / "demo" / "tokenization_tiktoken.py").read_bytes()
+    config = json.loads((KIMI_TARGET / "tokenizer_config.json").read_text())
+    assert config["auto_map"]["AutoTokenizer"][0] == "tokenization_tiktoken.TikTokenTokenizer"
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        AutoTokenizer.from_pretrained(KIMI_TARGET, trust_remote_code=False)
+    kimi = AutoTokenizer.from_pretrained(KIMI_TARGET, trust_remote_code=True)
+    assert not kimi.is_fast and getattr(kimi, "backend_tokenizer", None) is None
+    assert type(kimi.model).__module__.startswith("tiktoken")
+    # Special-token text in content is encoded as text through tiktoken's encode_ordinary, not as the token.
+    assert encode_as_text(kimi, "say <|im_end|>") == kimi.model.encode_ordinary("say <|im_end|>")
+    assert kimi.convert_tokens_to_ids(kf.IM_END) not in encode_as_text(kimi, "say <|im_end|>")
+    # The BPE is the demo's, as tiktoken ranks: the same ids for the same text.
+    demo = AutoTokenizer.from_pretrained(TARGET)
+    text = "<|im_user|>user<|im_middle|>How is `json.dumps` implemented? héllo — 你好<|im_end|>"
+    assert kimi.encode(text, add_special_tokens=False) == demo.encode(text, add_special_tokens=False)
+    assert kimi.decode(kimi.encode(text, add_special_tokens=False)) == text

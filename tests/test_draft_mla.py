@@ -123,3 +123,75 @@ def test_mla_draft_asked_of_a_target_without_mla_is_refused_naming_the_key():
     g = geometry_from_target(llama_target, [1, 2, 3], 5, {"attention": "mla", **{k: v for k, v in MLA.items()
                                                                                   if k != "attention"}})
     assert g.is_mla and g.num_key_value_heads == g.num_attention_heads  # kv_b_proj: keys per head
+
+
+# ------------------------------------------------------------------------------------------
+# Export: what vLLM's deepseek_eagle3.py and SGLang's kimi_k25_eagle3.py load
+
+
+def _mla_export(tmp_path, engine: str, num_layers: int = 1):
+    from eagle3.draft.export import export_draft
+
+    draft, _ = tiny_mla_draft(7, num_layers)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.normal_(0, 0.2)
+    return draft, export_draft(draft, tmp_path / engine, engine)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_mla_export_names_the_deepseek_eagle3_class_with_the_fields_and_tensors_the_engines_read(tmp_path, engine):
+    import json
+
+    from safetensors import safe_open
+
+    from eagle3.draft.export import load_exported, validate_export
+
+    draft, out = _mla_export(tmp_path, engine)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"]
+    assert cfg["model_type"] == "deepseek_v2"  # deepseek_v3 would be vLLM's MTP draft, which it refuses
+    mla = {k: cfg[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    assert mla == {"q_lora_rank": 6, "kv_lora_rank": 10, "qk_nope_head_dim": 4, "qk_rope_head_dim": 6, "v_head_dim": 3}
+    assert cfg["num_attention_heads"] == cfg["num_key_value_heads"] == 2 and "head_dim" not in cfg
+    assert (cfg["target_hidden_size"], cfg["draft_vocab_size"], cfg["num_hidden_layers"]) == (8, 5, 1)
+    if engine == "vllm":
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and cfg["num_aux_hidden_states"] == 3
+    else:
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    attn = {n.removeprefix("midlayer.self_attn.") for n in names if n.startswith("midlayer.self_attn.")}
+    assert attn == {f"{m}.weight" for m in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+                                            "kv_a_layernorm", "kv_b_proj", "o_proj")}
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # q_a and kv_a read cat(embed, hidden): 2H
+        assert f.get_slice("midlayer.self_attn.q_a_proj.weight").get_shape() == [6, 16]
+        assert f.get_slice("midlayer.self_attn.kv_a_proj_with_mqa.weight").get_shape() == [16, 16]
+    assert not any(n.startswith("model.") for n in names)  # both engines add the prefix themselves
+    assert validate_export(out, engine).geometry == draft.geometry
+    g, _, loaded = load_exported(out)
+    assert g.is_mla and type(loaded.midlayer.self_attn).__name__ == "MLADraftAttention"
+
+
+def test_transformers_parses_the_mla_export_as_deepseek_v2_keeping_every_field(tmp_path):
+    """vLLM and SGLang read the draft config through transformers' DeepseekV2Config."""
+    from transformers import AutoConfig
+
+    _, out = _mla_export(tmp_path, "vllm")
+    cfg = AutoConfig.from_pretrained(out)
+    assert type(cfg).__name__ == "DeepseekV2Config" and cfg.architectures == ["Eagle3DeepseekV2ForCausalLM"]
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim) == (
+        6, 10, 4, 6, 3)
+    assert cfg.eagle_aux_hidden_state_layer_ids == [1, 2, 3] and cfg.target_hidden_size == 8
+    assert cfg.draft_vocab_size == 5 and cfg.intermediate_size == 16
+
+
+def test_mla_norm_before_fc_is_refused_for_every_engine(tmp_path):
+    from eagle3.draft.export import ExportError, export_draft
+
+    torch.manual_seed(0)
+    draft = Eagle3Draft(tiny_geometry(norm_before_fc=True, **MLA))
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(ExportError, match=r"eagle3\.geometry\.norm_before_fc: found true with attention mla"):
+            export_draft(draft, tmp_path / engine, engine)

@@ -355,3 +355,39 @@ def test_launcher_config_rules():
         "none for it; valid: false for sglang, or server.backend=vllm"]
     assert errors_for(["stage=serve", "server=sglang", "model.draft.norm_before_residual=false"]) == []
     assert errors_for(["stage=serve", "server=vllm"]) == []
+
+
+def test_an_eager_vllm_cpu_launch_of_an_mla_target_turns_custom_ops_off():
+    """vLLM's CPU rotary custom op is wrong on MLA in eager mode (greedy output diverges from
+    transformers'): eager launches of an MLA target get custom ops off; compiled ones and Llama
+    targets are left as they are."""
+    common = ["server=vllm", f"server.python={VLLM_PYTHON}", "server.speculative.algorithm=null"]
+    kimi = command_for(["model=demo_kimi", *common, "server.extra_args=[--enforce-eager]"])
+    at = kimi.argv.index("--compilation-config")
+    assert json.loads(kimi.argv[at + 1]) == {"custom_ops": ["none"]}
+    assert "--trust-remote-code" in kimi.argv  # its tokenizer is remote code, as Kimi's is
+    assert "--compilation-config" not in command_for(["model=demo_kimi", *common]).argv
+    assert "--compilation-config" not in command_for([*common, "server.extra_args=[--enforce-eager]"]).argv
+    # fp32 MLA on CPU: the reference MLA backend (the AMX one loads bf16/fp16 weights only).
+    fp32 = command_for(["model=demo_kimi", *common, "server.dtype=float32"]).argv
+    assert fp32[fp32.index("--attention-backend") + 1] == "CPU_MLA"
+    assert "--attention-backend" not in kimi.argv and "--attention-backend" not in command_for(
+        [*common, "server.dtype=float32"]).argv
+
+
+@pytest.mark.parametrize("model,attention,server,refused", [
+    ("demo_kimi", "llama", "vllm", "a llama-attention draft beside an MLA target"),
+    ("demo_kimi", "mla", "vllm", None),
+    ("demo_kimi", "llama", "vllm_gpu", None),  # GPUs serve a Llama-style draft on an MLA target
+    ("demo", "llama", "vllm", None),
+])
+def test_vllm_cpu_serves_a_draft_only_with_the_targets_kind_of_attention(model, attention, server, refused):
+    errors = check_config(compose_config(["stage=bench", f"model={model}", f"model.draft.attention={attention}",
+                                          f"server={server}", f"server.python={VLLM_PYTHON}"]))
+    pairing = [e for e in errors if "share no block size" in e]
+    if refused is None:
+        assert pairing == []
+    else:
+        assert pairing == [e for e in errors if e.startswith(f"model.draft.attention: '{attention}' -- vLLM's CPU build "
+                                                             f"cannot serve {refused}")] != []
+        assert "valid: model.draft.attention=mla, or server=vllm_gpu on a GPU" in pairing[0]

@@ -62,6 +62,8 @@ import torch
 
 from eagle3.draft.geometry import MLA_FIELDS, DraftGeometry, geometry_refusals
 from eagle3.draft.options import LAYER_VARIANTS, MLA_ARCHITECTURE, MLA_MODEL_TYPE
+from eagle3.draft.shapes import EMBED_KEY, expected_shapes
+from eagle3.draft.shapes import target_hidden as _target_hidden
 from eagle3.dtypes import DTYPES, torch_dtype
 from eagle3.errors import Eagle3Error
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
@@ -74,7 +76,6 @@ FORMAT_VERSION = 1
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 #: vLLM sizes fc from this top-level key (it does not count the top-level ids); absent, it reads 3.
 NUM_AUX_KEY, VLLM_DEFAULT_NUM_AUX = "num_aux_hidden_states", 3
-EMBED_KEY = "embed_tokens.weight"
 # safetensors' dtype spelling, used for both in-memory and on-disk checks.
 SAFETENSORS_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
                      torch.int64: "I64", torch.bool: "BOOL"}
@@ -106,68 +107,8 @@ class ExportInfo:
 # What an export must contain
 
 
-def expected_shapes(g: DraftGeometry) -> dict[str, tuple[int, ...]]:
-    """Every tensor an export may hold and its shape; `embed_tokens.weight` is optional.
-
-    Written out rather than read off `Eagle3Draft(g)`, so a Kimi-sized geometry is checked
-    without allocating its 163840 x 7168 embedding, and so the model's names are pinned.
-    """
-    h = g.hidden_size
-    shapes = {
-        EMBED_KEY: (g.vocab_size, h),
-        "fc.weight": (h, g.fc_in_features),  # [H, C * H_target]
-        "midlayer.input_layernorm.weight": (h,),
-        "midlayer.hidden_norm.weight": (h,),
-        **_attention_shapes(g, "midlayer.", 2 * h),  # reads cat(embed, hidden) [.., 2H]
-        "midlayer.post_attention_layernorm.weight": (h,),
-        "midlayer.mlp.gate_proj.weight": (g.intermediate_size, h),
-        "midlayer.mlp.up_proj.weight": (g.intermediate_size, h),
-        "midlayer.mlp.down_proj.weight": (h, g.intermediate_size),
-        "norm.weight": (h,),
-        "lm_head.weight": (g.draft_vocab_size, h),
-        "d2t": (g.draft_vocab_size,),  # offsets: target id = i + d2t[i]
-        "t2d": (g.vocab_size,),  # bool: target id in the draft vocab
-    }
-    for i in range(1, g.num_layers):  # later layers: plain layers on the residual stream, attention reads H
-        shapes.update({
-            f"layers.{i}.input_layernorm.weight": (h,),
-            **_attention_shapes(g, f"layers.{i}.", h),
-            f"layers.{i}.post_attention_layernorm.weight": (h,),
-            f"layers.{i}.mlp.gate_proj.weight": (g.intermediate_size, h),
-            f"layers.{i}.mlp.up_proj.weight": (g.intermediate_size, h),
-            f"layers.{i}.mlp.down_proj.weight": (h, g.intermediate_size),
-        })
-    if g.norm_before_fc:
-        shapes["input_norm.weight"] = (g.fc_in_features,)  # one norm over the C * H_target input
-    if g.fc_norm:
-        shapes.update({f"fc_norm.{i}.weight": (_target_hidden(g),) for i in range(len(g.capture_layers))})
-    return shapes
-
-
-def _attention_shapes(g: DraftGeometry, prefix: str, reads: int) -> dict[str, tuple[int, ...]]:
-    """The attention tensors of one layer reading `reads` features (llama: q/k/v/o; mla: DeepSeek's names)."""
-    a, h, heads = f"{prefix}self_attn.", g.hidden_size, g.num_attention_heads
-    if g.is_mla:
-        return {
-            f"{a}q_a_proj.weight": (g.q_lora_rank, reads),
-            f"{a}q_a_layernorm.weight": (g.q_lora_rank,),
-            f"{a}q_b_proj.weight": (heads * g.qk_head_dim, g.q_lora_rank),
-            f"{a}kv_a_proj_with_mqa.weight": (g.kv_lora_rank + g.qk_rope_head_dim, reads),
-            f"{a}kv_a_layernorm.weight": (g.kv_lora_rank,),
-            f"{a}kv_b_proj.weight": (heads * (g.qk_nope_head_dim + g.v_head_dim), g.kv_lora_rank),
-            f"{a}o_proj.weight": (h, heads * g.v_head_dim),
-        }
-    q, kv = heads * g.head_dim, g.num_key_value_heads * g.head_dim
-    return {f"{a}q_proj.weight": (q, reads), f"{a}k_proj.weight": (kv, reads), f"{a}v_proj.weight": (kv, reads),
-            f"{a}o_proj.weight": (h, q)}
-
-
 def required_keys(g: DraftGeometry, include_embedding: bool) -> list[str]:
     return [k for k in expected_shapes(g) if k != EMBED_KEY or include_embedding]
-
-
-def _target_hidden(g: DraftGeometry) -> int:
-    return g.fc_in_features // max(len(g.capture_layers), 1)
 
 
 def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",

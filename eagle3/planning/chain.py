@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS_STOPPED, Manifest
 from eagle3.config.schema import DatasetSourceConfig, Eagle3Config
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
-from eagle3.draft.geometry import config_geometry
+from eagle3.draft.geometry import MLA_FIELDS, config_geometry
+from eagle3.draft.shapes import draft_cost
 from eagle3.draft.options import ONLINE
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
@@ -300,10 +301,17 @@ def _header(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, Any
             "model_source": _model_source(config, chain), "num_layers": m.num_layers, "vocab_size": m.vocab_size,
             "hidden_size": m.hidden_size, "capture_layers": list(m.capture_layers),
             "draft_vocab_size": g.draft_vocab_size, "fc_in_features": g.fc_in_features,
+            "draft": {"attention": g.attention, "num_layers": g.num_layers, "hidden_size": g.hidden_size,
+                      "heads": g.num_attention_heads, "kv_heads": g.num_key_value_heads,
+                      "intermediate_size": g.intermediate_size, **_mla_geometry(g), **draft_cost(g)},
             "generate_backend": config.generate.backend, "root": str(root),
             "data": {"scale": config.data.scale, "eval_size": config.data.eval_size},
             "sources": {n: {"track": s.track, "num_samples": s.num_samples, "weight": s.weight}
                         for n, s in config.dataset.sources.items()}}
+
+
+def _mla_geometry(g) -> dict[str, int]:
+    return {name: getattr(g, name) for name in MLA_FIELDS} if g.is_mla else {"head_dim": g.head_dim}
 
 
 def _totals(planner: Planner, rows: dict[str, list[UnitPlan]]) -> dict[str, Figure]:

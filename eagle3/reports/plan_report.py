@@ -67,6 +67,20 @@ def model_line(h: dict) -> str:
             f"fc {h['fc_in_features']}")
 
 
+def draft_line(h: dict) -> str:
+    """`draft: mla attention (kv_lora_rank 512, ...), 1 layer, 0.90 B parameters, 1.48 GFLOP per drafted token ...`."""
+    d = h["draft"]
+    shape = ", ".join(f"{k} {v}" for k, v in d.items() if k.endswith(("_rank", "_dim")))
+    layers = f"{d['num_layers']} layer{'s' if d['num_layers'] != 1 else ''}"
+    return (f"draft: {d['attention']} attention ({shape}, {d['heads']} heads, {d['kv_heads']} kv heads), {layers}, "
+            f"hidden {d['hidden_size']}, MLP {d['intermediate_size']}; {d['trainable_parameters'] / 1e9:.3f} B "
+            f"trainable parameters; {d['step_flops'] / 1e9:.3f} GFLOP per drafted token (layers + lm_head) + "
+            f"{d['fc_flops'] / 1e9:.3f} GFLOP fc per verified token + {d['attention_flops_per_context_token']:,} "
+            "FLOP per context token of attention"
+            + (f" ({d['absorbed_attention_flops_per_context_token']:,} absorbed, as engines decode MLA)"
+               if d["attention"] == "mla" else ""))
+
+
 def _output(unit: dict, root: str) -> str:
     if unit["after"]:
         of = f" of {unit['after_unit']}" if unit.get("after_unit") else ""
@@ -158,7 +172,7 @@ def prediction_lines(prediction: Optional[dict[str, Any]]) -> list[str]:
 def render_text(data: dict[str, Any]) -> str:
     """The fixed-width plan printed on stdout."""
     h, root = data["header"], data["header"]["root"]
-    lines = [_title(h), model_line(h), f"artifact root {root} (unit paths below are relative to it); nothing was "
+    lines = [_title(h), model_line(h), draft_line(h), f"artifact root {root} (unit paths below are relative to it); nothing was "
                                        "run, loaded or downloaded", ""]
     table = [(s["stage"], u) for s in data["stages"] for u in s["units"]]
     widths = [max([len(c)] + [len(_cells(s, u)[i]) for s, u in table]) for i, c in enumerate(COLUMNS)]
@@ -207,7 +221,7 @@ def render_text(data: dict[str, Any]) -> str:
 def render_markdown(data: dict[str, Any]) -> str:
     """plan.md: the same content as a markdown table and lists."""
     h, root = data["header"], data["header"]["root"]
-    lines = [f"# {_title(h)}", "", model_line(h), "",
+    lines = [f"# {_title(h)}", "", model_line(h), "", draft_line(h), "",
              f"Artifact root `{root}`; unit paths are relative to it. Nothing was run.", "",
              "| stage | unit | status | samples | tokens | other | inputs | output |",
              "|---|---|---|---|---|---|---|---|"]

@@ -93,6 +93,10 @@ CHUNKED_PREFILL = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")  #
 #: eager launch of an MLA target on CPU gets custom ops off unless a compilation config is given.
 ENFORCE_EAGER, COMPILATION_CONFIG = "--enforce-eager", "--compilation-config"
 MLA_EAGER_COMPILATION = {"custom_ops": ["none"]}
+#: vLLM's CPU build picks its AMX MLA backend on CPUs with AMX tiles, which loads bf16/fp16 weights only
+#: ('expect weight to be bfloat16, float16, ...' at start); its reference CPU_MLA backend runs fp32.
+#: So an fp32 MLA target on CPU (the extraction server runs model.dtype) gets CPU_MLA unless one is named.
+ATTENTION_BACKEND, CPU_FP32_MLA_BACKEND = "--attention-backend", "CPU_MLA"
 DRAFT_KEY = "server.speculative.draft_path"
 
 PathLike = Union[str, os.PathLike]
@@ -377,18 +381,23 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
     if server.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", str(server.tool_call_parser)]
     spec = server.speculative
+    given = set(extra_arg_flags(server.extra_args))
+    cpu_mla = server.profile == CPU_PROFILE and target_has_mla(read_config(str(model.path), model.text_config_key) or {})
+    fp32_mla_backend = cpu_mla and str(dtype) == "float32" and ATTENTION_BACKEND not in given
     if draft is not None:
         method = str(spec.algorithm).lower()  # vLLM's method names: eagle3, eagle
         config = {"method": method, "model": draft, "num_speculative_tokens": int(spec.num_steps)}
+        if fp32_mla_backend:  # the draft picks its own backend otherwise (the AMX one, bf16 only)
+            config["attention_backend"] = CPU_FP32_MLA_BACKEND
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if hidden_states is not None:
         argv += _hidden_state_flags(hidden_states)
     if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & set(extra_arg_flags(server.extra_args)):
         argv.append(CHUNKED_PREFILL[1])  # see the module docstring: seeded sampling on vLLM's CPU build
-    given = set(extra_arg_flags(server.extra_args))
-    if server.profile == CPU_PROFILE and ENFORCE_EAGER in given and COMPILATION_CONFIG not in given \
-            and target_has_mla(read_config(str(model.path), model.text_config_key) or {}):
+    if cpu_mla and ENFORCE_EAGER in given and COMPILATION_CONFIG not in given:
         argv += [COMPILATION_CONFIG, json.dumps(MLA_EAGER_COMPILATION, separators=(",", ":"))]
+    if fp32_mla_backend:
+        argv += [ATTENTION_BACKEND, CPU_FP32_MLA_BACKEND]
     argv += [str(a) for a in server.extra_args]
     env: dict[str, str] = {}
     if hidden_states is not None:  # where the server imports the connector from (nothing else of ours)

@@ -71,7 +71,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     draft = OmegaConf.to_container(cfg.model.draft, resolve=True)
     assert isinstance(draft, dict)
     if draft.get("attention") == ATTENTION_LLAMA:  # llama drafts keep the fingerprint they had before mla
-        draft = {k: v for k, v in draft.items() if k != "attention" and not (k in MLA_FIELDS and v is None)}
+        draft = {k: v for k, v in draft.items() if k != "attention" and k not in MLA_FIELDS}
     config = {"train": train, "draft": draft, "seed": int(cfg.seed),
               "format": FORMAT_VERSION}
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
