@@ -35,9 +35,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from eagle3.demo import corpus
-from eagle3.demo import tokenizer as demo_tok
 from eagle3.demo import evaluation as ev
 from eagle3.demo import target_training as tt
+from eagle3.demo import tokenizer as demo_tok
 
 
 def machine() -> dict:

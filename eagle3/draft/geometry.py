@@ -121,7 +121,7 @@ MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_d
 
 def _mla_fields(target_cfg: Mapping[str, Any], o: Mapping[str, Any]) -> dict[str, int]:
     """The MLA geometry: `model.draft` overrides, else the target's; refuses an incomplete one."""
-    values = {name: o.get(name) or target_cfg.get(name) for name in MLA_FIELDS}
+    values: dict[str, Any] = {name: o.get(name) or target_cfg.get(name) for name in MLA_FIELDS}
     if not values["q_lora_rank"]:
         values["q_lora_rank"] = values["kv_lora_rank"]
     missing = [name for name, value in values.items() if not value]

@@ -24,8 +24,8 @@ from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS
 from eagle3.config.schema import DatasetSourceConfig, Eagle3Config
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.draft.geometry import MLA_FIELDS, config_geometry
-from eagle3.draft.shapes import draft_cost
 from eagle3.draft.options import ONLINE
+from eagle3.draft.shapes import draft_cost
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.view import ChainView

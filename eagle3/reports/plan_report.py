@@ -172,8 +172,8 @@ def prediction_lines(prediction: Optional[dict[str, Any]]) -> list[str]:
 def render_text(data: dict[str, Any]) -> str:
     """The fixed-width plan printed on stdout."""
     h, root = data["header"], data["header"]["root"]
-    lines = [_title(h), model_line(h), draft_line(h), f"artifact root {root} (unit paths below are relative to it); nothing was "
-                                       "run, loaded or downloaded", ""]
+    lines = [_title(h), model_line(h), draft_line(h),
+             f"artifact root {root} (unit paths below are relative to it); nothing was run, loaded or downloaded", ""]
     table = [(s["stage"], u) for s in data["stages"] for u in s["units"]]
     widths = [max([len(c)] + [len(_cells(s, u)[i]) for s, u in table]) for i, c in enumerate(COLUMNS)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()  # noqa: E731

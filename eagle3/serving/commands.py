@@ -382,7 +382,8 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", str(server.tool_call_parser)]
     spec = server.speculative
     given = set(extra_arg_flags(server.extra_args))
-    cpu_mla = server.profile == CPU_PROFILE and target_has_mla(read_config(str(model.path), model.text_config_key) or {})
+    target = read_config(str(model.path), model.text_config_key) or {}
+    cpu_mla = server.profile == CPU_PROFILE and target_has_mla(target)
     fp32_mla_backend = cpu_mla and str(dtype) == "float32" and ATTENTION_BACKEND not in given
     if draft is not None:
         method = str(spec.algorithm).lower()  # vLLM's method names: eagle3, eagle
