@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""What each extra draft decoder layer costs: parameters, a training step, a drafted token.
+"""What each extra draft decoder layer, or MLA attention, costs: parameters, a training step, a drafted token.
 
     python scripts/bench_draft_layers.py [--target eagle3/assets/demo_target] [--layers 1 2 3] [--rounds 7]
+    python scripts/bench_draft_layers.py --target eagle3/assets/demo_kimi_target --layers 1 \
+        --attentions llama mla --draft-vocab 2048      # the Llama-style vs the MLA draft on demo_kimi
 
-For each `model.draft.num_layers` the draft is built on the target's geometry with random weights
-(cost does not depend on the values) and timed in rounds that visit every layer count in turn
-(1 2 3 1 2 3 ...), so a noisy shared machine slows all of them alike; the medians are reported as
-ratios to the one-layer draft:
+For each `--attentions` choice (`model.draft.attention`) and `model.draft.num_layers` the draft is
+built on the target's geometry with random weights (cost does not depend on the values) and timed
+in rounds that visit every variant in turn (1 2 3 1 2 3 ...), so a noisy shared machine slows all
+of them alike; the medians are reported as ratios to the first variant:
 
 * train step: forward and backward of `ttt_forward` (train.ttt_steps TTT steps, the default 7) over
   one `--train-tokens`-token sample, loss on every answer position;
@@ -40,13 +42,14 @@ from eagle3.layer_ids import default_capture_layers  # noqa: E402
 from eagle3.target_info import read_config  # noqa: E402
 
 KIMI = {"hidden_size": 7168, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 112,
-        "intermediate_size": 18432, "vocab_size": 163840, "num_hidden_layers": 61}
+        "intermediate_size": 18432, "vocab_size": 163840, "num_hidden_layers": 61,
+        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 
-def draft_for(target_cfg: dict, layers: int, draft_vocab: int) -> Eagle3Draft:
+def draft_for(target_cfg: dict, layers: int, draft_vocab: int, attention: str = "llama") -> Eagle3Draft:
     capture = default_capture_layers(int(target_cfg["num_hidden_layers"]))
     g = geometry_from_target(target_cfg, capture, min(draft_vocab, int(target_cfg["vocab_size"])),
-                             {"num_layers": layers})
+                             {"num_layers": layers, "attention": attention})
     draft = Eagle3Draft(g)
     with torch.no_grad():
         draft.d2t.zero_()
@@ -55,9 +58,9 @@ def draft_for(target_cfg: dict, layers: int, draft_vocab: int) -> Eagle3Draft:
     return draft
 
 
-def kimi_params(layers: int) -> int:
+def kimi_params(layers: int, attention: str = "llama") -> int:
     with torch.device("meta"):
-        draft = draft_for(KIMI, layers, 32000)
+        draft = draft_for(KIMI, layers, 32000, attention)
     return count_trainable(draft)
 
 
@@ -91,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=str(REPO / "eagle3" / "assets" / "demo_target"))
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--attentions", nargs="+", default=["llama"], choices=["llama", "mla"])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--train-tokens", type=int, default=512)
     parser.add_argument("--ttt-steps", type=int, default=7)
@@ -103,31 +107,35 @@ def main() -> None:
     target_cfg = read_config(args.target)
     if target_cfg is None:
         sys.exit(f"--target {args.target}: no config.json there (a local checkpoint directory is needed)")
-    drafts = {n: draft_for(target_cfg, n, args.draft_vocab) for n in args.layers}
+    variants = [(a, n) for a in args.attentions for n in args.layers]  # (attention, layers)
+    drafts = {v: draft_for(target_cfg, v[1], args.draft_vocab, v[0]) for v in variants}
     head = torch.randn(int(target_cfg["vocab_size"]), int(target_cfg["hidden_size"]))
-    train: dict[int, list[float]] = {n: [] for n in args.layers}
-    decode: dict[int, list[float]] = {n: [] for n in args.layers}
-    for n in args.layers:  # warm-up, not timed
-        train_step_seconds(drafts[n], head, args.train_tokens, args.ttt_steps)
-        drafted_token_seconds(drafts[n], args.prefix, args.k)
+    train: dict[tuple, list[float]] = {v: [] for v in variants}
+    decode: dict[tuple, list[float]] = {v: [] for v in variants}
+    for v in variants:  # warm-up, not timed
+        train_step_seconds(drafts[v], head, args.train_tokens, args.ttt_steps)
+        drafted_token_seconds(drafts[v], args.prefix, args.k)
     for _ in range(args.rounds):
-        for n in args.layers:
-            train[n].append(train_step_seconds(drafts[n], head, args.train_tokens, args.ttt_steps))
-            decode[n].append(drafted_token_seconds(drafts[n], args.prefix, args.k))
-    first = args.layers[0]
+        for v in variants:
+            train[v].append(train_step_seconds(drafts[v], head, args.train_tokens, args.ttt_steps))
+            decode[v].append(drafted_token_seconds(drafts[v], args.prefix, args.k))
+    first = variants[0]
     rows = []
-    for n in args.layers:
-        t, d = statistics.median(train[n]), statistics.median(decode[n])
-        rows.append({"num_layers": n, "params": count_trainable(drafts[n]), "kimi_params": kimi_params(n),
-                     "train_step_s": t, "train_ratio": t / statistics.median(train[first]),
-                     "drafted_token_ms": d * 1e3, "draft_ratio": d / statistics.median(decode[first])})
+    for v in variants:
+        t, d = statistics.median(train[v]), statistics.median(decode[v])
+        rows.append({"attention": v[0], "num_layers": v[1], "params": count_trainable(drafts[v]),
+                     "kimi_params": kimi_params(v[1], v[0]), "train_step_s": t,
+                     "train_ratio": t / statistics.median(train[first]), "drafted_token_ms": d * 1e3,
+                     "draft_ratio": d / statistics.median(decode[first])})
     print(f"target {args.target}: {args.train_tokens}-token sample, {args.ttt_steps} TTT steps; "
           f"propose K={args.k} after {args.prefix} tokens; medians of {args.rounds} interleaved rounds")
-    print("| layers | trainable params | at Kimi geometry | train step | vs 1 layer | per drafted token | vs 1 layer |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| attention | layers | trainable params | at Kimi geometry | train step | vs {first[0]} x{first[1]} | "
+          f"per drafted token | vs {first[0]} x{first[1]} |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['num_layers']} | {r['params']:,} | {r['kimi_params'] / 1e9:.2f} B | {r['train_step_s']:.3f} s | "
-              f"{r['train_ratio']:.2f}x | {r['drafted_token_ms']:.2f} ms | {r['draft_ratio']:.2f}x |")
+        print(f"| {r['attention']} | {r['num_layers']} | {r['params']:,} | {r['kimi_params'] / 1e9:.2f} B | "
+              f"{r['train_step_s']:.3f} s | {r['train_ratio']:.2f}x | {r['drafted_token_ms']:.2f} ms | "
+              f"{r['draft_ratio']:.2f}x |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -65,6 +65,7 @@ ROWS = {
     "noise_0.1": ("noise on the captured states, 0.1 x their RMS", ["train.state_noise=0.1"]),
     "layers_2": ("two decoder layers (vLLM only)", ["model.draft.num_layers=2"]),
     "layers_3": ("three decoder layers (vLLM only)", ["model.draft.num_layers=3"]),
+    "mla": ("MLA attention at the target's MLA geometry (MLA targets)", ["model.draft.attention=mla"]),
     # Combinations of the single-change winners.
     "nbr_muon": ("norm_before_residual + muon", ["model.draft.norm_before_residual=true", MUON]),
     "nbr_nbfc_muon": ("norm_before_residual + norm_before_fc + muon",
