@@ -194,13 +194,18 @@ def test_demo_kimi_tokenizer_is_remote_code_over_tiktoken_and_ships_the_repos_ow
     from transformers import AutoTokenizer
 
     from eagle3.data.special_text import encode_as_text
+    from eagle3.stages import check_config
+    from tests.conftest import compose_config
 
     shipped = KIMI_TARGET / "tokenization_tiktoken.py"
     assert shipped.read_bytes() == (Path(eagle3.__file__).parent / "demo" / "tokenization_tiktoken.py").read_bytes()
     config = json.loads((KIMI_TARGET / "tokenizer_config.json").read_text())
     assert config["auto_map"]["AutoTokenizer"][0] == "tokenization_tiktoken.TikTokenTokenizer"
-    with pytest.raises(ValueError, match="trust_remote_code"):
-        AutoTokenizer.from_pretrained(KIMI_TARGET, trust_remote_code=False)
+    # Untrusted, transformers converts the ranks into a tokenizer of its own: config validation refuses that.
+    assert type(AutoTokenizer.from_pretrained(KIMI_TARGET)).__name__ != "TikTokenTokenizer"
+    errors = check_config(compose_config(["model=demo_kimi", "model.trust_remote_code=false"]))
+    assert [e for e in errors if e.startswith("model.trust_remote_code: false -- ")
+            and "tokenizer_config.json names its own tokenizer code" in e] != []
     kimi = AutoTokenizer.from_pretrained(KIMI_TARGET, trust_remote_code=True)
     assert not kimi.is_fast and getattr(kimi, "backend_tokenizer", None) is None
     assert type(kimi.model).__module__.startswith("tiktoken")

@@ -102,6 +102,16 @@ def test_demo_target_capture_equals_output_hidden_states():
     assert_convention(model, parts, [2, 4, 5], sequences(model.config.vocab_size, [48, 17]))
 
 
+def test_demo_kimi_target_capture_equals_output_hidden_states():
+    """The Kimi-shaped demo target (DeepSeek-V3: MLA, a dense layer then MoE) keeps the convention."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(DEMO_TARGET.parent / "demo_kimi_target", dtype=torch.float32).eval()
+    parts = find_decoder(model)
+    assert len(parts.layers) == 8 and type(parts.layers[1].mlp).__name__ == "DeepseekV3MoE"
+    assert_convention(model, parts, [2, 4, 5], sequences(model.config.vocab_size, [40, 13]))
+
+
 class KimiLikeWrapper(nn.Module):
     """A multimodal wrapper like KimiK25ForConditionalGeneration: text model nested, config
     under `text_config`, and a vision tower with its own (differently sized) block list."""

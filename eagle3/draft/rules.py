@@ -8,6 +8,7 @@ fc layer whose input width does not match the captured states, a draft no engine
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -65,6 +66,23 @@ def _check_model(model: ModelConfig, err: ConfigErrors, hf_cache: Optional[str] 
             err.add("model.trust_remote_code", False,
                     f"{model.path}/config.json needs custom code (auto_map)",
                     "true, if you trust that code")
+    tokenizer_config = Path(str(model.path)).expanduser() / "tokenizer_config.json"
+    if not model.trust_remote_code and tokenizer_config.is_file() \
+            and "AutoTokenizer" in (_json_or_empty(tokenizer_config).get("auto_map") or {}):
+        # transformers then substitutes a tokenizer converted from the vocabulary files, whose
+        # pre-tokenizer need not be the checkpoint's (Kimi's tiktoken pattern): other ids, no error.
+        err.add("model.trust_remote_code", False,
+                f"{tokenizer_config} names its own tokenizer code (auto_map.AutoTokenizer); without it "
+                "transformers loads a converted tokenizer that may split text differently",
+                "true, if you trust that code")
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _check_draft_geometry(model: ModelConfig, err: ConfigErrors) -> None:
