@@ -108,6 +108,8 @@ def main() -> None:
     stats = tt.train(cfg, model, rows)
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if cfg.architecture == "deepseek_v3":
+        tt.untie_output_embedding(model)  # vLLM's DeepSeek class reads lm_head.weight, never the tie
     model.to(torch.bfloat16).save_pretrained(args.out, safe_serialization=True)  # type: ignore[arg-type]  # transformers' @wraps(nn.Module.to) types .to unbound
     tt.generation_config(tokenizer).save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

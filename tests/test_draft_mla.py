@@ -195,3 +195,18 @@ def test_mla_norm_before_fc_is_refused_for_every_engine(tmp_path):
     for engine in ("vllm", "sglang"):
         with pytest.raises(ExportError, match=r"eagle3\.geometry\.norm_before_fc: found true with attention mla"):
             export_draft(draft, tmp_path / engine, engine)
+
+
+def test_config_validation_refuses_an_mla_draft_for_a_target_without_mla_in_one_line():
+    from eagle3.stages import check_config
+    from tests.conftest import compose_config
+
+    errors = check_config(compose_config(["model=demo", "model.draft.attention=mla"]))
+    assert [e for e in errors if e.startswith("model.draft.attention")] == [
+        f"model.draft.attention: 'mla' -- the target {compose_config([]).model.path} has no MLA geometry (its "
+        "config.json lacks q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim); valid: "
+        "llama, or mla with model.draft.{q_lora_rank,kv_lora_rank,qk_nope_head_dim,qk_rope_head_dim,v_head_dim} set"]
+    assert [e for e in check_config(compose_config(["model=demo", "model.draft.attention=gqa"]))
+            if e.startswith("model.draft.attention")] == ["model.draft.attention: 'gqa' -- not a known choice; valid: "
+                                                           "llama, mla"]
+    assert check_config(compose_config(["model=demo_kimi", "model.draft.attention=mla"])) == []

@@ -154,6 +154,22 @@ def build_deepseek_v3(cfg: TrainConfig, tokenizer) -> DeepseekV3ForCausalLM:
     return DeepseekV3ForCausalLM(config)
 
 
+def untie_output_embedding(model) -> None:
+    """Give the model an lm_head of its own, equal to the input embedding, and say so in its config.
+
+    vLLM's DeepSeek-V2/V3 class ignores `tie_word_embeddings` and loads `lm_head.weight` from the
+    checkpoint, which a tied model does not save: every logit is 0 and greedy decoding writes token 0
+    forever (the prefill's hidden states stay right). Kimi-K2.5 and DeepSeek-V3 never tie. The trained
+    weights are unchanged, so transformers decodes exactly as before.
+    """
+    import copy
+
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    if hasattr(model, "_tied_weights_keys"):
+        model._tied_weights_keys = copy.copy({}) if isinstance(model._tied_weights_keys, dict) else []
+
+
 def generation_config(tokenizer) -> GenerationConfig:
     """Stop on ``<|im_end|>``, as Kimi's own generation config does."""
     return GenerationConfig(bos_token_id=tokenizer.bos_token_id,
