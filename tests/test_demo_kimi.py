@@ -1,6 +1,6 @@
 """The Kimi-shaped demo target end to end (`model=demo_kimi`): the code paths a Kimi-K2.5 user's run takes.
 
-One chain, built once for this file: prep -> generate -> tokenize (the tiktoken remote-code
+One chain, built once for this file: prep -> generate (transformers; vLLM too, below) -> tokenize (the tiktoken remote-code
 tokenizer) -> merge -> vocab -> extract (transformers' DeepSeek-V3: MLA, MoE) -> train -> eval. On it:
 vLLM's CPU build captures through its DeepSeek model class what transformers captures; an MLA draft
 (`model.draft.attention=mla`) trained on the same store is exported as `Eagle3DeepseekV2ForCausalLM`,
@@ -162,3 +162,24 @@ def test_vllm_cpu_refuses_a_llama_style_draft_on_demo_kimi_in_one_line_before_st
     assert line.strip().startswith("model.draft.attention: 'llama' -- vLLM's CPU build cannot serve a "
                                    "llama-attention draft beside an MLA target"), line
     assert "valid: model.draft.attention=mla, or server=vllm_gpu on a GPU" in line
+
+
+def test_generate_through_vllm_answers_with_the_kimi_parsers_through_the_deepseek_class(kimi_chain):
+    """`generate.backend=vllm` on the chain's prompt-only source: the remote-code tokenizer and the
+    DeepSeek class behind vLLM's OpenAI server, reasoning split off by the kimi_k2 parser."""
+    from eagle3.data.conversation import check_conversation
+
+    root, _ = kimi_chain
+    python, port = vllm_python(), free_port()
+    before = unit_dirs(root, "generate")
+    done = _cli(root, "stage=generate", "generate.backend=vllm", *launch_overrides(python, port, node="generate.server"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_stopped(port)
+    [unit] = unit_dirs(root, "generate") - before
+    manifest = Manifest.load(unit)
+    records = list(read_jsonl(unit / "conversations.jsonl"))
+    assert manifest.status == "complete" and manifest.counts["out"] == len(records) > 0, manifest.counts
+    assistants = [m for r in records for m in r["messages"] if m["role"] == "assistant"]
+    assert all(check_conversation(r["messages"]) is None for r in records)
+    assert all(isinstance(m.get("reasoning_content"), str) and "<think>" not in m["content"] for m in assistants)
+    assert any(m["reasoning_content"] for m in assistants) and any(m["content"].strip() for m in assistants)

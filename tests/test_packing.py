@@ -248,8 +248,10 @@ def test_no_token_of_the_next_sample_reaches_a_sample_and_rope_positions_restart
     samples = [_sample(n, 40 + i) for i, n in enumerate([7, 9])]
     states: list[torch.Tensor] = []
     seen: list[torch.Tensor] = []
-    rope = draft.rope
-    monkeypatch.setattr(draft, "rope", lambda positions, dtype: (seen.append(positions), rope(positions, dtype))[1])
+    import eagle3.draft.model as model_mod
+
+    rope = model_mod.rope_cos_sin  # each attention builds its rope tables from the positions it is given
+    monkeypatch.setattr(model_mod, "rope_cos_sin", lambda positions, *a: (seen.append(positions), rope(positions, *a))[1])
     hook = draft.midlayer.register_forward_hook(lambda mod, args, out: states.append(out.detach()))
     try:
         _run_packed(draft, head, samples, 3)

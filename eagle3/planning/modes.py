@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
 from eagle3.config.schema import Eagle3Config
+from eagle3.draft.geometry import fingerprinted_draft
 from eagle3.draft.options import HIDDEN_STATE_MODES, HYBRID, ONLINE, STORE
 from eagle3.engines import IN_PROCESS
 from eagle3.planning import figures
@@ -85,7 +86,7 @@ class _Rates:
 
     def train(self, mode: str, own: Optional[Path]) -> Optional[Figure]:
         """Training tokens/s in `mode` for this draft and batch (online: also this state source)."""
-        draft = asdict(self.config.model.draft)  # as train's fingerprint holds it
+        draft = fingerprinted_draft(asdict(self.config.model.draft))  # as train's fingerprint holds it
         batch = self.config.train.batch_tokens
 
         def applies(m: Manifest) -> bool:

@@ -23,13 +23,13 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
 from eagle3.config.convert import config_dict
 from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
-from eagle3.draft.geometry import MLA_FIELDS
-from eagle3.draft.options import ATTENTION_LLAMA, COMPUTING_MODES, HYBRID
+from eagle3.draft.geometry import fingerprinted_draft
+from eagle3.draft.options import COMPUTING_MODES, HYBRID
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.extract import EXTRACT, states_identity
@@ -68,11 +68,8 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     train = {k: v for k, v in config_dict(cfg.train, resolve=True).items() if k not in _UNTRACKED}
     if not train.get("packing"):
         train.pop("packing", None)  # padded batches keep the fingerprint they had before train.packing
-    draft = OmegaConf.to_container(cfg.model.draft, resolve=True)
-    assert isinstance(draft, dict)
-    if draft.get("attention") == ATTENTION_LLAMA:  # llama drafts keep the fingerprint they had before mla
-        draft = {k: v for k, v in draft.items() if k != "attention" and k not in MLA_FIELDS}
-    config = {"train": train, "draft": draft, "seed": int(cfg.seed),
+    draft = {str(k): v for k, v in config_dict(cfg.model.draft, resolve=True).items()}
+    config = {"train": train, "draft": fingerprinted_draft(draft), "seed": int(cfg.seed),
               "format": FORMAT_VERSION}
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
         states = states_identity(cfg)
