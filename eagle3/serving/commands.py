@@ -393,7 +393,7 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if hidden_states is not None:
         argv += _hidden_state_flags(hidden_states)
-    if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & set(extra_arg_flags(server.extra_args)):
+    if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & given:
         argv.append(CHUNKED_PREFILL[1])  # see the module docstring: seeded sampling on vLLM's CPU build
     if cpu_mla and ENFORCE_EAGER in given and COMPILATION_CONFIG not in given:
         argv += [COMPILATION_CONFIG, json.dumps(MLA_EAGER_COMPILATION, separators=(",", ":"))]

@@ -284,8 +284,9 @@ def _draft_is_mla(cfg: Eagle3Config) -> Optional[bool]:
 
 def _check_cpu_attention_pairing(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """vLLM's CPU build serves a draft only with the target's kind of attention (llama with llama,
-    MLA with MLA): the two KV caches share no block size otherwise, and the engine dies at start
-    ('No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])'). GPUs serve both."""
+    MLA with MLA): a Llama-style draft beside an MLA target dies at start ('No common block size for
+    16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])', measured); an MLA draft beside a Llama target
+    pairs the same two block sizes and is refused by the same rule (not measured). GPUs serve both."""
     server = cfg.server
     if server.backend != VLLM or server.profile != CPU_PROFILE:
         return
