@@ -162,12 +162,10 @@ def untie_output_embedding(model) -> None:
     forever (the prefill's hidden states stay right). Kimi-K2.5 and DeepSeek-V3 never tie. The trained
     weights are unchanged, so transformers decodes exactly as before.
     """
-    import copy
-
     model.config.tie_word_embeddings = False
     model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
     if hasattr(model, "_tied_weights_keys"):
-        model._tied_weights_keys = copy.copy({}) if isinstance(model._tied_weights_keys, dict) else []
+        model._tied_weights_keys = {} if isinstance(model._tied_weights_keys, dict) else []
 
 
 def generation_config(tokenizer) -> GenerationConfig:

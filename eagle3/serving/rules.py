@@ -45,6 +45,14 @@ __all__ = ["RULED_FLAGS", "check_bench", "check_chain_draft_engine", "check_serv
            "draft_kind", "extra_arg_flags", "server_errors", "speculative_algorithm_error"]
 
 
+def _draft_architectures(draft_path: str) -> Optional[list[str]]:
+    """The `architectures` of a draft checkpoint's config.json; None when it has none."""
+    config_file = Path(draft_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    return json.loads(config_file.read_text(encoding="utf-8")).get("architectures") or []
+
+
 def draft_kind(draft_path: Optional[str]) -> Optional[str]:
     """'eagle3', 'eagle' or None (unknown) for a draft checkpoint.
 
@@ -52,9 +60,8 @@ def draft_kind(draft_path: Optional[str]) -> Optional[str]:
     """
     if draft_path is None:
         return "eagle3"
-    config_file = Path(draft_path) / "config.json"
-    if config_file.is_file():
-        archs = json.loads(config_file.read_text()).get("architectures") or []
+    archs = _draft_architectures(draft_path)
+    if archs is not None:
         if any("eagle3" in a.lower() for a in archs):
             return "eagle3"
         if any("eagle" in a.lower() for a in archs):
@@ -275,11 +282,11 @@ def _draft_is_mla(cfg: Eagle3Config) -> Optional[bool]:
     path = cfg.server.speculative.draft_path
     if path is None:
         return cfg.model.draft.attention == ATTENTION_MLA
-    config_file = Path(str(path)).expanduser() / "config.json"
     try:
-        return MLA_ARCHITECTURE in json.loads(config_file.read_text(encoding="utf-8")).get("architectures", [])
+        archs = _draft_architectures(str(path))
     except (OSError, ValueError, AttributeError):
         return None
+    return None if archs is None else MLA_ARCHITECTURE in archs
 
 
 def _check_cpu_attention_pairing(cfg: Eagle3Config, err: ConfigErrors) -> None:
