@@ -4,6 +4,9 @@ Usage:
     python scripts/bench_train.py                 # every part, prints markdown tables
     python scripts/bench_train.py --part step --targets demo smollm2 --precisions 32-true bf16-mixed
     python scripts/bench_train.py --part memory --lengths 2048 8192 32768
+    python scripts/bench_train.py --device cuda --part step --targets kimi_llama kimi_mla \
+        --precisions bf16-mixed --batch-tokens 8192          # Kimi-K2.5's draft geometries on a GPU
+    python scripts/bench_train.py --device cuda --part memory --targets kimi_mla --lengths 4096 16384 32768
 
 Step: one optimizer step of `DraftModule` as the train stage runs it (teacher from the target
 head, the TTT forward, backward, MuonAdamW), at each target's draft geometry, on a batch shaped
@@ -17,7 +20,14 @@ measures an older commit's step on the same batches.
 
 Memory: one training step (forward + backward, 7 TTT steps) on a single sequence per length,
 each in a fresh subprocess, reporting peak RSS minus the process's RSS before the step. With
-the blockwise TTT attention the growth must be linear in the length (no L x L tensor).
+the blockwise TTT attention the growth must be linear in the length (no L x L tensor). On
+`--device cuda` the step runs in this process at each `--targets` geometry (bf16-mixed, the
+whole train step: teacher, TTT, backward, optimizer) and the figure is CUDA's peak allocation
+minus what the draft, its optimizer state and the target head held before the step.
+
+Targets: `demo`/`smollm2` are fixed tuples below; `kimi_llama`, `kimi_mla`, `demo_kimi_llama`
+and `demo_kimi_mla` are composed from conf/ (`model=kimi_k25` / `model=demo_kimi`, with
+`model.draft.attention=mla` for the `_mla` ones), so they measure the geometry stage train builds.
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ import time
 import torch
 
 from eagle3.config.schema import TrainConfig
-from eagle3.draft.geometry import DraftGeometry
+from eagle3.draft.geometry import DraftGeometry, config_geometry
 from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.shapes import draft_cost
 from eagle3.draft.ttt import teacher_targets, ttt_forward
 
 
@@ -79,9 +90,22 @@ def memory_child(seq: int, hidden: int, draft_vocab: int, steps: int, block: int
 #: Draft geometries of the targets measured: hidden, heads, kv heads, intermediate, draft vocab,
 #: target vocab, captured layers (demo: the embedded target; smollm2: SmolLM2-135M-Instruct).
 TARGETS = {"demo": (256, 4, 4, 704, 2048, 8192, 3), "smollm2": (576, 9, 3, 1536, 32000, 49152, 3)}
+#: Geometries composed from conf/ with these overrides (what stage train would build).
+CONFIG_TARGETS = {"kimi_llama": ["model=kimi_k25"], "kimi_mla": ["model=kimi_k25", "model.draft.attention=mla"],
+                  "demo_kimi_llama": ["model=demo_kimi"],
+                  "demo_kimi_mla": ["model=demo_kimi", "model.draft.attention=mla"]}
 
 
 def target_geometry(name: str) -> DraftGeometry:
+    if name in CONFIG_TARGETS:
+        from hydra import compose, initialize_config_dir
+
+        import eagle3.config  # noqa: F401  (registers the schema and resolvers)
+        from eagle3.config.convert import to_settings
+        from eagle3.paths import CONF_DIR
+
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return config_geometry(to_settings(compose(config_name="config", overrides=CONFIG_TARGETS[name])).model)
     hidden, heads, kv, inter, draft_vocab, vocab, captures = TARGETS[name]
     return DraftGeometry(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv,
                          head_dim=hidden // heads, intermediate_size=inter, fc_in_features=captures * hidden,
@@ -108,68 +132,139 @@ def chat_batch(g: DraftGeometry, batch_tokens: int, seed: int) -> dict[str, torc
             "lengths": torch.tensor(lengths)}
 
 
+def one_sample(g: DraftGeometry, seq: int) -> dict[str, torch.Tensor]:
+    """One `seq`-token sample, its first quarter a prompt (out of the loss)."""
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.ones(1, seq, dtype=torch.long)
+    mask[:, : seq // 4] = 0
+    return {"aux": torch.randn(1, seq, g.fc_in_features, generator=gen),
+            "final": torch.randn(1, seq, g.hidden_size, generator=gen),
+            "input_ids": torch.randint(0, g.vocab_size, (1, seq), generator=gen), "loss_mask": mask,
+            "lengths": torch.tensor([seq])}
+
+
 def step_flops(g: DraftGeometry, batch: dict[str, torch.Tensor], steps: int) -> float:
     """Matmul FLOPs of one training step over `batch` (see the module docstring)."""
     bsz, seq = batch["input_ids"].shape
     positions = bsz * seq  # the decoder layer runs on padded rows too
     counted = float(batch["loss_mask"].sum())
-    h, q, kv = g.hidden_size, g.num_attention_heads * g.head_dim, g.num_key_value_heads * g.head_dim
-    layer = 2 * (2 * h) * (q + 2 * kv) + 2 * q * h + 3 * 2 * h * g.intermediate_size  # per position
-    attention = 2 * 2 * q * (seq / 2)  # scores and values over ~seq/2 causal keys (the extra keys are few)
-    head = 2 * h * g.draft_vocab_size
-    forward = positions * 2 * g.fc_in_features * h + steps * (positions * (layer + attention) + counted * head)
-    teacher = counted * 2 * h * g.vocab_size
+    cost = draft_cost(g)  # llama or MLA, from the same shapes the export checks
+    head = 2 * g.hidden_size * g.draft_vocab_size
+    layer = cost["step_flops"] - head  # per position: every layer's weights
+    # scores and values over ~seq/2 causal keys (the extra TTT keys are few)
+    attention = cost["attention_flops_per_context_token"] * (seq / 2)
+    forward = positions * cost["fc_flops"] + steps * (positions * (layer + attention) + counted * head)
+    teacher = counted * 2 * g.hidden_size * g.vocab_size
     return 3 * forward + teacher
 
 
-def matmul_gflops(dtype: torch.dtype, m: int = 512, k: int = 576, n: int = 8192, reps: int = 20) -> float:
-    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_gflops(dtype: torch.dtype, m: int = 512, k: int = 576, n: int = 8192, reps: int = 20,
+                  device: str = "cpu") -> float:
+    if device == "cuda":  # a GPU needs big products to reach its rate
+        m, n, reps = 8192, 8192, 50
+    a, b = torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype)
     for _ in range(3):
         a @ b
+    sync(device)
     started = time.perf_counter()
     for _ in range(reps):
         a @ b
+    sync(device)
     return 2 * m * k * n * reps / (time.perf_counter() - started) / 1e9
 
 
-def step_rate(target: str, precision: str, batch_tokens: int, steps: int, reps: int) -> dict:
-    """Median tokens/s of `reps` optimizer steps (after one warm-up) of the train stage's module."""
-    import statistics
-
+def train_parts(g: DraftGeometry, steps: int, device: str):
+    """The train stage's module (random weights, a random target head) and its optimizer on `device`."""
     from eagle3.draft.lightning_module import DraftModule
     from eagle3.draft.optim import MuonAdamW
 
     torch.manual_seed(0)
-    g = target_geometry(target)
-    head = torch.randn(g.vocab_size, g.hidden_size) * 0.05
+    head = torch.randn(g.vocab_size, g.hidden_size, device=device) * 0.05
     train = TrainConfig(ttt_steps=steps, ttt_decay=0.8, out_of_vocab="mask", teacher="draft_vocab", loss="kl",
                         state_noise=0.0, attention_block=256, logits_memory_gb=4.0)
-    module = DraftModule(g, head, train)
+    module = DraftModule(g, head, train).to(device)
     optimizer = MuonAdamW(list(module.draft.named_parameters()), lr=1e-4)
-    batches = [chat_batch(g, batch_tokens, seed) for seed in range(reps + 1)]
+    return module, optimizer
+
+
+def optimizer_step(module, optimizer, batch: dict[str, torch.Tensor], precision: str, device: str) -> None:
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        out = module.run_batch(batch)
+    out.loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def step_rate(target: str, precision: str, batch_tokens: int, steps: int, reps: int, device: str = "cpu") -> dict:
+    """Median tokens/s of `reps` optimizer steps (after one warm-up) of the train stage's module."""
+    import statistics
+
+    g = target_geometry(target)
+    module, optimizer = train_parts(g, steps, device)
+    batches = [{k: v.to(device) for k, v in chat_batch(g, batch_tokens, seed).items()} for seed in range(reps + 1)]
     times = []
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for batch in batches:
+        sync(device)
         started = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-            out = module.run_batch(batch)
-        out.loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(module, optimizer, batch, precision, device)
+        sync(device)
         times.append(time.perf_counter() - started)
     seconds = statistics.median(times[1:])
     tokens = float(batches[0]["lengths"].sum())
     flops = step_flops(g, batches[0], steps)
-    peak = matmul_gflops(torch.bfloat16 if precision == "bf16-mixed" else torch.float32, k=g.hidden_size)
+    peak = matmul_gflops(torch.bfloat16 if precision == "bf16-mixed" else torch.float32, k=g.hidden_size,
+                         device=device)
     achieved = flops / seconds / 1e9
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    del module, optimizer, batches
     return {"target": target, "precision": precision, "tok_s": tokens / seconds,
             "gflop_per_token": flops / tokens / 1e9, "gflops": achieved, "matmul_gflops": peak,
-            "utilisation": achieved / peak}
+            "utilisation": achieved / peak, "params": draft_cost(g)["trainable_parameters"], "peak_gib": peak_gib}
+
+
+def cuda_step_memory(target: str, lengths: list[int], steps: int) -> list[dict]:
+    """CUDA memory of one bf16-mixed train step on one sample of each length, above what was resident."""
+    g = target_geometry(target)
+    module, optimizer = train_parts(g, steps, "cuda")
+    optimizer_step(module, optimizer, {k: v.cuda() for k, v in chat_batch(g, 512, 0).items()}, "bf16-mixed",
+                   "cuda")  # the optimizer state now exists, as it does in every step after the first
+    rows = []
+    for seq in lengths:
+        batch = {k: v.cuda() for k, v in one_sample(g, seq).items()}
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        try:
+            optimizer_step(module, optimizer, batch, "bf16-mixed", "cuda")
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            rows.append({"target": target, "seq": seq, "resident_gib": base / 2**30, "oom": True,
+                         "step_gib": (torch.cuda.max_memory_allocated() - base) / 2**30, "seconds": float("nan")})
+            break  # longer samples need more
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        peak = torch.cuda.max_memory_allocated()
+        rows.append({"target": target, "seq": seq, "resident_gib": base / 2**30, "step_gib": (peak - base) / 2**30,
+                     "seconds": seconds, "oom": False})
+        del batch
+    del module, optimizer
+    torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "step", "throughput", "memory"], default="all")
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=[*TARGETS, *CONFIG_TARGETS])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"])
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--reps", type=int, default=5)
@@ -185,13 +280,34 @@ def main() -> None:
         return
     if args.part in ("all", "step"):
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        print(f"| target | precision | tok/s | GFLOP/token | achieved GFLOP/s | matmul GFLOP/s | utilisation |  "
-              f"({args.batch_tokens}-token batches, {args.steps} TTT steps, median of {args.reps})")
+        where = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+        print(f"| target | trainable params | precision | tok/s | GFLOP/token | achieved GFLOP/s | matmul GFLOP/s "
+              f"| utilisation | peak GiB |  ({args.batch_tokens}-token batches, {args.steps} TTT steps, median of "
+              f"{args.reps}, {where})")
         for target in args.targets:
             for precision in args.precisions:
-                r = step_rate(target, precision, args.batch_tokens, args.steps, args.reps)
-                print(f"| {target} | {precision} | {r['tok_s']:,.0f} | {r['gflop_per_token']:.3f} "
-                      f"| {r['gflops']:.1f} | {r['matmul_gflops']:.0f} | {100 * r['utilisation']:.0f}% |", flush=True)
+                try:
+                    r = step_rate(target, precision, args.batch_tokens, args.steps, args.reps, args.device)
+                except torch.OutOfMemoryError:
+                    print(f"| {target} | | {precision} | out of memory at {args.batch_tokens} tokens | | | | | |",
+                          flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                print(f"| {target} | {r['params'] / 1e9:.3f} B | {precision} | {r['tok_s']:,.0f} "
+                      f"| {r['gflop_per_token']:.3f} | {r['gflops']:,.1f} | {r['matmul_gflops']:,.0f} "
+                      f"| {100 * r['utilisation']:.0f}% | {r['peak_gib']:.2f} |", flush=True)
+    if args.part in ("all", "memory") and args.device == "cuda":
+        print(f"| target | seq len | resident GiB | step GiB (peak - resident) | per 1K tokens, GiB | seconds |  "
+              f"(bf16-mixed, {args.steps} TTT steps, {torch.cuda.get_device_name()})")
+        for target in args.targets:
+            for m in cuda_step_memory(target, args.lengths, args.steps):
+                if m["oom"]:
+                    print(f"| {target} | {m['seq']} | {m['resident_gib']:.2f} | out of memory after "
+                          f"{m['step_gib']:.2f} | | |", flush=True)
+                    continue
+                print(f"| {target} | {m['seq']} | {m['resident_gib']:.2f} | {m['step_gib']:.2f} "
+                      f"| {1024 * m['step_gib'] / m['seq']:.3f} | {m['seconds']:.2f} |", flush=True)
+        return
     if args.part in ("all", "throughput"):
         g = geometry(256, 2048, 8192)  # the demo draft
         one_step(g, 8, 128, args.steps, args.block)
