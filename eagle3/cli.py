@@ -89,8 +89,9 @@ def run_job(cfg: DictConfig) -> int:
                 write_job_record(run_dir, record)
             except Exception as exc:
                 known = _one_line_failure(exc, stage.name, root)
-                if known is None:
-                    raise  # a bug: keep its traceback
+                if known is None:  # a bug: keep its traceback; the job record names it (a sweep's report shows it)
+                    failure = f"{stage.name}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                    raise
                 code, line = known
                 print(f"eagle3: {line}", file=sys.stderr)
                 failure = f"{stage.name}: {line}"

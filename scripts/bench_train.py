@@ -7,6 +7,7 @@ Usage:
     python scripts/bench_train.py --device cuda --part step --targets kimi_llama kimi_mla \
         --precisions bf16-mixed --batch-tokens 8192          # Kimi-K2.5's draft geometries on a GPU
     python scripts/bench_train.py --device cuda --part memory --targets kimi_mla --lengths 4096 16384 32768
+    python scripts/bench_train.py --part saved --targets kimi_llama kimi_mla --lengths 64 192 --target-vocab 32000
 
 Step: one optimizer step of `DraftModule` as the train stage runs it (teacher from the target
 head, the TTT forward, backward, MuonAdamW), at each target's draft geometry, on a batch shaped
@@ -260,9 +261,38 @@ def cuda_step_memory(target: str, lengths: list[int], steps: int) -> list[dict]:
     return rows
 
 
+def saved_bytes(target: str, seq: int, steps: int, target_vocab: int | None) -> int:
+    """Bytes autograd keeps for backward in one bf16-mixed CPU train step on a `seq`-token sample.
+
+    Counted with saved-tensor hooks, each storage once, weights left out (they are resident anyway);
+    checkpointed regions keep only their inputs, as in training. `target_vocab` shrinks the target
+    vocabulary (embedding, teacher head), which no activation depends on, so Kimi's geometry fits a CPU.
+    """
+    import dataclasses
+
+    g = target_geometry(target)
+    if target_vocab:
+        g = dataclasses.replace(g, vocab_size=target_vocab)
+    module, _ = train_parts(g, steps, "cpu")
+    weights = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+    kept: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in weights:
+            kept[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = module.run_batch(one_sample(g, seq))
+    del out
+    return sum(kept.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "step", "throughput", "memory"], default="all")
+    parser.add_argument("--part", choices=["all", "step", "throughput", "memory", "saved"], default="all")
+    parser.add_argument("--target-vocab", type=int, help="saved part: shrink the target vocabulary (Kimi on a CPU)")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=[*TARGETS, *CONFIG_TARGETS])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precisions", nargs="+", default=["32-true", "bf16-mixed"])
@@ -277,6 +307,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         memory_child(args.child, args.hidden, args.draft_vocab, args.steps, args.block)
+        return
+    if args.part == "saved":  # not in "all": at Kimi geometry it takes minutes on a CPU
+        short, long = sorted(args.lengths)[0], sorted(args.lengths)[-1]
+        print(f"| target | kept for backward at {short} / {long} tokens, MiB | per token, MiB |  (bf16-mixed on "
+              f"the CPU, {args.steps} TTT steps, weights excluded)")
+        for target in args.targets:
+            a, b = (saved_bytes(target, n, args.steps, args.target_vocab) for n in (short, long))
+            print(f"| {target} | {a / 2**20:,.0f} / {b / 2**20:,.0f} | {(b - a) / (long - short) / 2**20:.2f} |",
+                  flush=True)
         return
     if args.part in ("all", "step"):
         torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -152,3 +152,34 @@ def test_a_failed_sweep_job_does_not_stop_the_others_and_is_recorded(cli, tmp_pa
     report = json.loads((sweep_dir / "sweep_report.json").read_text())
     assert report["statuses"] == {"complete": 1, "failed": 1}
     assert "failed: config: dataset.sources.demo_prompts.num_samples: -1" in (sweep_dir / "sweep_report.md").read_text()
+
+
+def test_a_stage_bug_keeps_its_traceback_and_the_job_record_names_it(tmp_path, monkeypatch):
+    """A bug (not a one-line user error) re-raises, and job.json says which stage and exception, not `interrupted`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    import eagle3.cli
+    from eagle3.paths import CONF_DIR
+
+    class Broken:
+        name, help = "prep", "a stage with a bug"
+
+        def __call__(self, cfg, ctx):
+            raise RuntimeError("speculative decoding differed\nsecond line")
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"paths.root={tmp_path}", "stage=prep", "logger=none"],
+                      return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path / "run")
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]  # as a job sees its config: the hydra node lives in HydraConfig only
+    monkeypatch.setattr(eagle3.cli, "stages_to_run", lambda stage: [Broken()])
+    with pytest.raises(RuntimeError, match="speculative decoding differed"):
+        eagle3.cli.run_job(cfg)
+    record = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert record["status"] == "failed"
+    assert record["failure"] == "prep: RuntimeError: speculative decoding differed"

@@ -248,6 +248,11 @@ def test_eos_and_length_limits(target, draft, prompts):
     # Odd limits against the oracle: the last round is cut to the budget exactly.
     res = speculative_generate(target, OracleDrafter(target, prompt, 30), prompt, 11, 4, [], CAPTURE)
     assert res.tokens == greedy[:11] and res.emitted_per_verify == [5, 5]
+    # An EOS just past the budget inside the last accepted chain: the budget wins, as in greedy
+    # decoding (the stop token at index `cut - 1`, the budget one short of it).
+    res = speculative_generate(target, OracleDrafter(target, prompt, MAX_NEW + 6), prompt, cut - 1, 5, [stop],
+                               CAPTURE)
+    assert res.tokens == greedy_generate(target, prompt, cut - 1, [stop]).tokens == greedy[:cut - 1]
 
 
 def test_report_files(tmp_path, target, draft, prompts):

@@ -222,13 +222,16 @@ def _new_cache(target):
 
 
 def _finish(tokens: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], bool]:
-    """Truncate after the first EOS and at max_new_tokens; say whether generation is over."""
-    for i, tok in enumerate(tokens):
+    """Truncate at max_new_tokens, then after the first EOS; say whether generation is over.
+
+    The budget comes first: an accepted chain can carry an EOS past it, which greedy decoding,
+    one token per forward, would never have reached.
+    """
+    kept = tokens[:max_new_tokens]
+    for i, tok in enumerate(kept):
         if tok in eos:
-            return tokens[:i + 1], True
-    if len(tokens) >= max_new_tokens:
-        return tokens[:max_new_tokens], True
-    return tokens, False
+            return kept[:i + 1], True
+    return kept, len(tokens) >= max_new_tokens
 
 
 @torch.inference_mode()
