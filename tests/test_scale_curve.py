@@ -157,6 +157,21 @@ def test_no_curve_is_fitted_through_jobs_that_differ_in_more_than_their_data():
     assert mixed["series"] == {} and mixed["note"] == "no fit: the jobs differ in train.lr as well as in their training data"
 
 
+def test_seeds_are_replicate_points_of_one_curve():
+    """Two seeds per scale: four scales give one fit through eight points, the seeds' spread in its scatter."""
+    from eagle3.sweeps.scale_curve import scale_curve_report
+
+    rows = [{"train_samples": n, "sim_accept_length": 5.0 - 8 * n ** -0.5 + (0.03 if seed else -0.03),
+             "sim_acc": [0.8] * 5, "real_accept_length": {}} for n in (64, 128, 256, 512) for seed in (0, 1)]
+    curve = scale_curve_report(rows, [], target_tau=4.8, replicates=["seed"])
+    fit = curve["series"]["sim"]
+    assert len(fit["points"]) == 8 and fit["rmse"] == pytest.approx(0.03, abs=0.01)
+    assert fit["holdout"]["measured"] == pytest.approx(5.0 - 8 * 512 ** -0.5)  # the mean of the two seeds
+    assert curve["note"] == ("seed varies: each scale's jobs are replicate points "
+                             "(2 at 64, 2 at 128, 2 at 256, 2 at 512)")
+    assert curve["target"]["samples"] == pytest.approx((8 / 0.2) ** 2, rel=0.2)  # 5 - 8 n^-0.5 = 4.8
+
+
 def test_a_target_beyond_the_ceiling_says_so_and_bad_targets_are_refused(tmp_path):
     root = tmp_path / "artifacts"
     make_sweep(root, jobs=DEMO_JOBS)

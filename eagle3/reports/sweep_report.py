@@ -100,7 +100,8 @@ def scale_curve_lines(curve: Mapping[str, Any]) -> list[str]:
              "τ(n) = τ_∞ − b·n^(−α) over n training samples, fitted per series (`eagle3.sweeps.scale_curve`). "
              "*Holdout*: fitted without the largest scale, the prediction there against the measurement. "
              "Bands: 80 % of a bootstrap that redraws each point with its eval's standard error and the "
-             "points' scatter about the curve.", "",
+             "points' scatter about the curve." + (f" {curve['note'][0].upper()}{curve['note'][1:]}."
+                                                    if curve.get("note") else ""), "",
              "| series | τ_∞ | b | α | rmse | holdout: fitted on | predicted | measured | error | 80 % band |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, fit in curve["series"].items():

@@ -48,6 +48,9 @@ log = logging.getLogger("eagle3")
 MULTIRUN_DIR = "multirun"  # under paths.root (conf/config.yaml hydra.sweep.dir)
 REPORT_FORMAT = 1
 SCALE_KEY = "data.scale"
+#: Overrides whose values repeat a recipe rather than change it: jobs that differ only in these (and
+#: the scale) are replicate points of one data-scale curve, not separate recipes.
+REPLICATE_KEYS = ("seed",)
 JOB_AXIS = "job"  # report.x=job: one point per job number
 _STAGES = ("generate", "merge", "extract", "train", "eval")
 # Per-job figures (None until a manifest says otherwise).
@@ -399,7 +402,8 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
         "excluded_from_plots": excluded,
         "job_file": JOB_FILE,
         "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k,
-                                          also_varying=[k for k in varying if k != SCALE_KEY]),
+                                          also_varying=[k for k in varying if k not in (SCALE_KEY, *REPLICATE_KEYS)],
+                                          replicates=[k for k in varying if k in REPLICATE_KEYS]),
     }
 
 

@@ -177,13 +177,16 @@ def holdout_check(samples: Sequence[float], taus: Sequence[float], ceiling: Opti
 
 # ----------------------------------------------------------------------------- the sweep report's curve
 def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], target_tau: Optional[float] = None,
-                       target_k: Optional[int] = None, also_varying: Sequence[str] = ()) -> dict[str, Any]:
+                       target_k: Optional[int] = None, also_varying: Sequence[str] = (),
+                       replicates: Sequence[str] = ()) -> dict[str, Any]:
     """τ against training samples over the jobs with an eval, fitted per series: simulated τ
     (bounded by the TTT steps + 1) and real τ at each K (bounded by K + 1, each point with its
     eval's standard error); each fit also predicts the largest scale from the smaller ones. With
     `target_tau`: the samples that reach it at K = `target_k` and what they cost, priced with the
     throughputs of the sweep's largest job. No fit when the jobs differ in more than their data
-    (`also_varying`: other overrides that vary), since one curve through them would mix recipes."""
+    (`also_varying`: other overrides that vary), since one curve through them would mix recipes.
+    `replicates` (overrides such as `seed` that vary too) make several points per scale: each is
+    fitted as its own point, so the seeds' spread enters the fit's scatter and its band."""
     if also_varying:
         return {"series": {}, "target": None,
                 "note": f"no fit: the jobs differ in {', '.join(also_varying)} as well as in their training data"}
@@ -223,7 +226,13 @@ def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], tar
                       "note": None if needed is not None else
                       f"beyond the curve's ceiling: τ_∞ = {fit.tau_inf:.3f} at K={name}; more data alone will not "
                       "reach it (a deeper draft, more TTT steps or a larger K might)"}
-    return {"x": "train_samples", "series": series, "target": target, "note": None}
+    per_scale = {n: sum(1 for r in points if r["train_samples"] == n) for n in scales}
+    note = None
+    if replicates:
+        note = (f"{', '.join(replicates)} varies: each scale's jobs are replicate points "
+                f"({', '.join(f'{c} at {n:g}' for n, c in per_scale.items())})")
+    return {"x": "train_samples", "series": series, "target": target, "note": note,
+            "replicates": list(replicates)}
 
 
 def _series_tau(row: Mapping[str, Any], name: str) -> Optional[float]:
