@@ -214,8 +214,16 @@ def _plot_tau(report: Mapping[str, Any], plotted: Sequence[Mapping[str, Any]]) -
     series += [(f"real τ, K={k}", [r["real_accept_length"].get(k) for r in plotted], "-", "o") for k in report["ks"]]
     for label, ys, style, marker in series:
         points = sorted((x, y) for x, y in zip(xs, ys, strict=True) if y is not None)
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, marker=marker, label=label)
+        if not points:
+            continue
+        by_x: dict[float, list[float]] = {}
+        for x, y in points:
+            by_x.setdefault(x, []).append(y)
+        # Replicates (seeds) at one x: each job a marker, the line through their means.
+        line = ax.plot(list(by_x), [sum(v) / len(v) for v in by_x.values()], linestyle=style,
+                       marker=None if len(points) > len(by_x) else marker, label=label)[0]
+        if len(points) > len(by_x):
+            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, color=line.get_color())
     curve = report.get("scale_curve") or {}
     if axis["kind"] == "scale" and axis["numeric"] and curve.get("series"):
         _plot_fits(ax, curve)
