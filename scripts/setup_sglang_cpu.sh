@@ -66,23 +66,14 @@ sglang_imports() {
 if [[ "$(installed_version sglang)" == "$SGLANG_VERSION" ]] && sglang_imports; then
     log "sglang $SGLANG_VERSION already installed"
 else
-    extra=()
-    if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
-        extra+=(--extra-index-url "$TORCH_INDEX_URL")
-    fi
     log "installing sglang==$SGLANG_VERSION's CPU dependencies (constraints: $CONSTRAINTS)"
-    venv_install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "${SGLANG_CPU_DEPS[@]}"
+    constrained_install "${SGLANG_CPU_DEPS[@]}"
     log "installing sglang==$SGLANG_VERSION without its (CUDA) dependencies"
     venv_install --no-deps "sglang==$SGLANG_VERSION"
 fi
 
 # CUDA-linked builds from PyPI break the CPU torch; the torchvision stand-in below replaces one.
-for pkg in torchvision torchaudio torchcodec; do
-    if "$VPY" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
-        log "uninstalling $pkg (CUDA-linked on PyPI; breaks torch+cpu)"
-        "$VPY" -m pip uninstall --yes --quiet "$pkg"
-    fi
-done
+remove_cuda_linked_media
 
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 

@@ -38,13 +38,9 @@ ensure_venv
 if [[ "$(installed_version speculators)" == "$SPECULATORS_VERSION" ]]; then
     log "speculators $SPECULATORS_VERSION already installed"
 else
-    extra=()
-    if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
-        extra+=(--extra-index-url "$TORCH_INDEX_URL")
-    fi
     log "installing speculators==$SPECULATORS_VERSION (constraints: $CONSTRAINTS)"
     # speculators' own requirements, less torchvision/torchaudio (see the header).
-    venv_install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} \
+    constrained_install \
         "torch==2.13.0+cpu" "transformers>=5.0,<5.20" "datasets>=4.0,<=5.1.0" "loguru>=0.7.2,<=0.7.3" \
         "numpy>=2.0,<=2.5.4" "tqdm>=4.66.3,<=4.70.1" "openai>=2.0" aiohttp click httpx huggingface-hub \
         protobuf psutil "pydantic>=2.0" "pydantic-settings>=2.0" rich safetensors "typer>=0.12" packaging

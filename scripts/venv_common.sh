@@ -69,3 +69,25 @@ except PackageNotFoundError:
     pass
 PY
 }
+
+# `venv_install` with the project's constraints and, where TORCH_INDEX_URL is set, the extra index
+# that holds the torch==2.13.0+cpu wheel pip does not already see.
+constrained_install() {
+    local extra=()
+    if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
+        extra+=(--extra-index-url "$TORCH_INDEX_URL")
+    fi
+    venv_install -c "$ROOT/constraints.txt" ${extra[@]+"${extra[@]}"} "$@"
+}
+
+# PyPI's torchvision / torchaudio / torchcodec are CUDA-linked and break torch+cpu: remove any that
+# an install pulled in (every run, so a venv that once got one is mended).
+remove_cuda_linked_media() {
+    local pkg
+    for pkg in torchvision torchaudio torchcodec; do
+        if "$VPY" -m pip show --quiet "$pkg" >/dev/null 2>&1; then
+            log "uninstalling $pkg (CUDA-linked on PyPI; breaks torch+cpu)"
+            "$VPY" -m pip uninstall --yes --quiet "$pkg"
+        fi
+    done
+}
