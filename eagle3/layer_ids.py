@@ -10,6 +10,7 @@ goes through these functions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 from eagle3.engines import ENGINES, SGLANG, VLLM
 
@@ -20,6 +21,28 @@ _ENGINE_OFFSET = {SGLANG: 1, VLLM: 0}
 #: says; vLLM 0.32's `model_executor/models/llama_eagle3.py` sizes it from the draft config's
 #: `num_aux_hidden_states` (else the number of `eagle_config` ids, else 3), which its export writes.
 ENGINE_NUM_CAPTURES = {SGLANG: 3, VLLM: None}
+
+
+#: Target classes whose SGLang model adds 1 to the draft's capture ids only when the first id is 1 (SGLang
+#: 0.5.23: models/deepseek_v2.py for DeepSeek-V2/V3/V3.2, kimi_k25.py delegating to it, glm4_moe_lite.py);
+#: other first ids are captured as written, one layer early and silently. Every other class adds 1.
+SGLANG_FIRST_ID_ONE_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                                     "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM")
+
+
+def sglang_capture_problem(capture_layers: Sequence[int], architectures: Sequence[str]) -> Optional[str]:
+    """Why SGLang would capture other layers than `capture_layers` for a target of `architectures`, or None.
+
+    The ids written for SGLang are `capture - 1`; on the classes of `SGLANG_FIRST_ID_ONE_ARCHITECTURES`
+    they are read as meant only when the first capture is 2 (its id 1).
+    """
+    capture = [int(i) for i in capture_layers]
+    quirky = sorted(set(architectures) & set(SGLANG_FIRST_ID_ONE_ARCHITECTURES))
+    if not quirky or not capture or capture[0] == 2:
+        return None
+    ids = engine_aux_layer_ids(capture, SGLANG)
+    return (f"SGLang's {quirky[0]} adds 1 to the draft's capture ids only when the first is 1, so ids {ids} "
+            f"would capture layers {ids} instead of {capture}")
 
 
 def _offset(engine: str) -> int:

@@ -34,7 +34,8 @@ RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
 #: all, so the chain is built once and no other worker adds units to its root while a test there
 #: looks for the units it made (`unit_dirs`). xdist's scheduler sees only test ids, hence a list;
 #: `pytest_collection_modifyitems` stops the run if a test elsewhere asks for the chain.
-DEMO_CHAIN_FILES = frozenset({"test_online_training.py", "test_pipeline.py", "test_vllm_bench.py"})
+DEMO_CHAIN_FILES = frozenset({"test_online_training.py", "test_pipeline.py", "test_sglang_draft_classes.py",
+                              "test_vllm_bench.py"})
 DEMO_CHAIN_UNIT = "demo chain"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,10 @@ def test_a_stage_job_run_in_process_writes_what_its_own_interpreter_writes(tmp_p
 
 
 def _plan_lines(log: str) -> list[str]:
-    """The plan's table rows and messages, without timestamps, run directories and free-disk figures."""
+    """The plan's table rows and messages, without timestamps, run directories and free-disk figures.
+
+    Wrapped continuation lines are joined first: where a path wraps depends on its length."""
+    log = re.sub(r"\n {8,}", " ", log)
     return [line.split(" - ", 1)[-1] for line in log.splitlines()
             if line.strip() and "runs/" not in line and "free" not in line and " in " not in line]
 

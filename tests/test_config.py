@@ -81,10 +81,11 @@ def _inherited(rel: Path, key: str):
     for entry in raw.get("defaults", []) if len(rel.parts) > 1 else []:
         if isinstance(entry, str) and entry != "_self_" and (CONF_DIR / rel.parent / f"{entry}.yaml").is_file():
             parent = rel.parent / f"{entry}.yaml"
-            node = OmegaConf.load(CONF_DIR / parent)
-            value = OmegaConf.select(node, key, default=_MISSING)
+            value = OmegaConf.to_container(OmegaConf.load(CONF_DIR / parent), resolve=False)  # as written
+            for part in key.split("."):
+                value = value.get(part, _MISSING) if isinstance(value, dict) else _MISSING
             if value is not _MISSING:
-                return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+                return value
             return _inherited(parent, key)
     raise KeyError(key)
 
@@ -307,10 +308,21 @@ def test_generate_server_is_the_backends_engine_and_meets_the_server_rules_when_
         "valid: 127.0.0.1, ::1 or localhost",
         "generate.server.extra_args: '--port' -- the launcher sets this flag from generate.server.port (and "
         "checks it there); valid: set generate.server.port instead"]
-    assert errors_for(["generate.backend=sglang"]) == [
+    # The default node (server/cpu.yaml) follows the backend: that engine on this CPU, from its own venv.
+    for engine in ("sglang", "vllm"):
+        cfg = compose_config([f"generate.backend={engine}", f"extract.backend={engine}"])
+        assert check_config(cfg) == []
+        for node in (cfg.generate.server, cfg.extract.server):
+            assert (node.backend, node.profile) == (engine, "cpu")
+            assert node.python == str(PROJECT_ROOT / f".{engine}-venv" / "bin" / "python")
+    assert errors_for(["generate.backend=sglang", "server@generate.server=vllm"]) == [
         "generate.backend: 'sglang' -- generate.server.backend is 'vllm': generate would launch (or talk to) a "
-        "vllm server; valid: vllm, or keep sglang and add server@generate.server=sglang (conf/config.yaml "
-        "composes server/vllm.yaml into generate.server)"]
+        "vllm server; valid: vllm, or keep sglang with server@generate.server=sglang (or server/cpu.yaml, whose "
+        "backend follows generate.backend)"]
+    assert errors_for(["extract.backend=sglang", "server@extract.server=vllm"]) == [
+        "extract.server.backend: 'vllm' -- extract.backend=sglang takes hidden states from a sglang server; valid: "
+        "sglang (conf/config.yaml composes server/cpu.yaml into extract.server, whose backend follows "
+        "extract.backend)"]
     assert errors_for(["generate.backend=sglang", "server@generate.server=sglang"]) == []
     assert errors_for(["generate.backend=tgi"]) == ["generate.backend: 'tgi' -- not a known choice; "
                                                     "valid: hf, sglang, vllm"]

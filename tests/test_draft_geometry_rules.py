@@ -67,7 +67,8 @@ CASES = [
     ("sglang_four_captures", [*PLAIN, "model.capture_layers=[1,2,4,5]", "model.draft.fc_in_features=1024"],
      {"sglang"}, ["model.capture_layers"]),
     ("sglang_capture_zero", [*PLAIN, "model.capture_layers=[0,4,5]"], {"sglang"}, ["model.capture_layers"]),
-    ("sglang_layer_variant", ["model.draft.norm_output=true"], {"sglang"}, ["model.draft.norm_output"]),
+    ("sglang_layer_variant", ["model.draft.norm_before_residual=true"], {"sglang"},
+     ["model.draft.norm_before_residual"]),
 ]
 
 

@@ -138,11 +138,11 @@ def test_variant_exports_for_vllm_with_the_keys_it_reads_and_loads_back(tmp_path
 
 
 def test_sglang_export_of_a_variant_is_refused_in_one_line(tmp_path):
-    draft = make_draft(geometry(norm_output=True))
+    draft = make_draft(geometry(norm_before_residual=True))  # the variant SGLang 0.5.23 lacks (eagle3.engines)
     with pytest.raises(ExportError) as exc:
         export_draft(draft, tmp_path / "sglang", "sglang")
     message = str(exc.value)
-    assert "\n" not in message and "norm_output: found true, expected false for sglang" in message
+    assert "\n" not in message and "norm_before_residual: found true, expected false for sglang" in message
     assert not (tmp_path / "sglang").exists()
     # A config edited to claim the plain layer for vLLM does not pass the read-back check either.
     out = export_draft(draft, tmp_path / "vllm", "vllm")
@@ -150,9 +150,9 @@ def test_sglang_export_of_a_variant_is_refused_in_one_line(tmp_path):
     import json
 
     cfg = json.loads(cfg_file.read_text())
-    cfg["norm_output"] = False
+    cfg["norm_before_residual"] = False
     cfg_file.write_text(json.dumps(cfg))
-    with pytest.raises(ExportError, match="norm_output: found false, expected true"):
+    with pytest.raises(ExportError, match="norm_before_residual: found false, expected true"):
         validate_export(out)
 
 

@@ -332,9 +332,13 @@ def errors_for(overrides: list[str]) -> list[str]:
 
 
 def test_launcher_config_rules():
-    assert errors_for(["server=sglang", "server.profile=cpu"]) == [
-        "server.profile: 'cpu' -- the cpu profile is vLLM's CPU build, not sglang; "
-        "valid: generic, sm120, h200 (or server.backend=vllm)"]
+    assert errors_for(["server=sglang", "server.profile=cpu"]) == []  # serving the target alone is fine
+    for stage in ("bench", "serve"):
+        assert errors_for([f"stage={stage}", "server=sglang_cpu", "server.speculative.algorithm=EAGLE3"]) == [
+            "server.speculative.algorithm: 'EAGLE3' -- SGLang has no EAGLE path on a CPU: its torch_native "
+            "attention refuses EAGLE ('EAGLE is not supported in decode attention backend torch_native'), triton "
+            "has no CPU driver and intel_amx needs AMX tiles and a CPU-built sgl-kernel; valid: null (the target "
+            "alone), server=vllm on a CPU, or server=sglang on a GPU"]
     assert errors_for(["server=vllm", "server.kernels.attention_backend=triton"]) == [
         "server.kernels.attention_backend: 'triton' -- an SGLang kernel flag; the vLLM launcher would ignore it; "
         "valid: null with server.backend=vllm (vLLM flags go in server.extra_args)"]

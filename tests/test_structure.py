@@ -96,7 +96,7 @@ def test_the_import_graph_has_no_cycle():
     assert len(graph) > 80
     assert "eagle3.serving.http" in graph["eagle3.generation.http_backend"]  # module-level edges are seen
     assert "eagle3.generation.hf_backend" not in graph["eagle3.generation.factory"]  # a registry names strings
-    assert "eagle3.draft.export" in graph["eagle3.serving.commands"]  # imports inside functions count too
+    assert "eagle3.draft.export" in graph["eagle3.serving.launch_checks"]  # imports inside functions count too
     assert find_cycle(graph) == []
 
 
@@ -334,8 +334,8 @@ NOT_USER_FACING = {
     # Caught where raised and turned into a config error or an Eagle3Error naming the server.
     "eagle3.config.registration.DerivedValueError": "config rule",
     "eagle3.serving.http.HTTPFailure": "transport (callers name the server and the stage)",
-    "eagle3.extract.vllm_client._Retry": "private",
-    "eagle3.extract.vllm_client._Refused": "private",
+    "eagle3.extract.server_states.RetryRequest": "transport (retried, then a reject or ServerDown)",
+    "eagle3.extract.server_states.RefusedPrompt": "record (the prompt is rejected with the reason)",
     "eagle3.generation.http_backend._Failure": "private",
     "eagle3.serving.watchdog._Terminated": "private",
     # A full disk: an OSError(ENOSPC), which the handler recognises as one (eagle3.errors.no_space_cause).

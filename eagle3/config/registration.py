@@ -21,8 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.config.logger_schema import CSVLoggerConfig, WandbLoggerConfig
 from eagle3.config.schema import DraftGeometryConfig, Eagle3Config, ModelConfig
+from eagle3.config.server_schema import ServerConfig
 from eagle3.dtypes import DTYPES
-from eagle3.engines import serving_layer_default
+from eagle3.engines import CPU_ENGINE_DTYPES, CPU_ENGINE_VENVS, serving_layer_default
 from eagle3.layer_ids import standard_capture_layers
 from eagle3.paths import PROJECT_ROOT, asset_path, demo_answerer
 from eagle3.target_info import (
@@ -174,6 +175,20 @@ def _capture_layers(model: DictConfig, key: str, raw: Any) -> list[int]:
                                 "(3 of them for SGLang)", str(exc)) from None
 
 
+def cpu_engine_setting(backend: str, setting: str) -> str:
+    """`${eagle3_cpu_engine:<backend>,python|dtype}` (conf/server/cpu.yaml): the engine's own interpreter in the
+    project root and the dtype it generates in on a CPU (`eagle3.engines.CPU_ENGINE_VENVS`, `CPU_ENGINE_DTYPES`).
+
+    A backend that is no engine (`hf`: the node is not launched) gets the schema's defaults.
+    """
+    if setting == "python":
+        venv = CPU_ENGINE_VENVS.get(backend)
+        return str(PROJECT_ROOT / venv / "bin" / "python") if venv else ServerConfig.python
+    if setting == "dtype":
+        return CPU_ENGINE_DTYPES.get(backend, ServerConfig.dtype)
+    raise ValueError(f"eagle3_cpu_engine: unknown setting {setting!r}; valid: python, dtype")
+
+
 def register_configs() -> None:
     """Register schema nodes and resolvers once per process."""
     global _registered
@@ -193,6 +208,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("eagle3_job_dirname", job_dirname, replace=True)
     # model.draft.<variant> defaults by the serving engine, from the one table in eagle3.engines.
     OmegaConf.register_new_resolver("eagle3_serving_layer", serving_layer_default, replace=True)
+    OmegaConf.register_new_resolver("eagle3_cpu_engine", cpu_engine_setting, replace=True)
     # Run and sweep directories carry it (conf/config.yaml): a clock second is not unique between jobs.
     # Cached like Hydra's `now`: Hydra copies the cache into each job's config, so the jobs of a sweep
     # that a launcher runs in other processes (joblib, submitit) name the sweep directory alike.

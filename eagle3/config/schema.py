@@ -50,9 +50,10 @@ class DraftGeometryConfig:
     intermediate_size: Optional[int] = None
     # Decoder layers; vLLM serves any number, SGLang one (eagle3.engines.ENGINE_MAX_DRAFT_LAYERS).
     num_layers: int = 1
-    # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all,
-    # SGLang none, so a variant draft is exported for vLLM only). norm_before_residual follows the
-    # serving engine (eagle3.engines.SERVING_LAYER): on for vLLM (and hf), off for SGLang.
+    # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all, SGLang all but
+    # norm_before_residual: VARIANT_ENGINES; a draft is exported for those that serve it).
+    # norm_before_residual follows the serving engine (eagle3.engines.SERVING_LAYER): on for vLLM (and
+    # hf), off for SGLang.
     norm_before_residual: bool = II("eagle3_serving_layer:norm_before_residual,${server.backend}")
     norm_before_fc: bool = False
     fc_norm: bool = False
@@ -241,8 +242,9 @@ class GenerateConfig:
     # Client of the vLLM/SGLang server (generate.backend=vllm|sglang), launched or at generate.server.urls.
     http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
     # The server of generate.backend=vllm|sglang: launched for the stage, or running at its `urls`
-    # (conf/config.yaml composes server/vllm.yaml here; SGLang: server@generate.server=sglang). Apart
-    # from `server`, the engine that serves the draft: data generated in one place is served in another.
+    # (conf/config.yaml composes server/cpu.yaml here: the engine generate.backend names, on this CPU;
+    # on GPUs e.g. server@generate.server=sglang_h200). Apart from `server`, the engine that serves the
+    # draft: data generated in one place is served in another.
     server: ServerConfig = field(default_factory=ServerConfig)
 
 
@@ -257,7 +259,7 @@ class TokenizeConfig:
 
 @dataclass
 class ExtractHTTPConfig:
-    """The client of vLLM servers that extract hidden states (extract.backend=vllm).
+    """The client of vLLM/SGLang servers that extract hidden states (extract.backend=vllm|sglang).
 
     Like generate's: requests concurrent, retried with exponential backoff on timeouts, lost
     connections and 429/5xx, a run stopped (resumable) once the server looks down.
@@ -271,7 +273,7 @@ class ExtractHTTPConfig:
     # Stop the run after this many prompts in a row failed for good: the server is down (rerun resumes).
     max_consecutive_failures: int = 16
     connect_wait_s: float = 60.0  # how long to wait at start for the server to answer
-    # The server writes a prompt's states to a file right after answering: how long to wait for it.
+    # vLLM: the server writes a prompt's states to a file right after answering: how long to wait for it.
     file_wait_s: float = 120.0
     # Where the server writes those files; null = `<store>/.incoming` (same filesystem as the store).
     # With extract.server.urls it must be a directory the server and this job both see.
@@ -283,7 +285,8 @@ class ExtractConfig:
     """Hidden states of the target: where they come from, and the store they go to."""
 
     # hf = transformers in this process (hooks on the capture layers); vllm = a vLLM server's
-    # extract_hidden_states method (extract.server: launched for the job, or running at its urls).
+    # extract_hidden_states method; sglang = an SGLang server with eagle3's capture plugin
+    # (extract.server: launched for the job, or running at its urls).
     backend: str = "hf"
     storage_format: str = "bf16"  # eagle3.extract.formats.FORMATS (compact: int8 captures, the teacher's top k)
     batch_tokens: int = 8192
@@ -302,9 +305,9 @@ class ExtractConfig:
     # Free bytes to assume instead of measuring the store's filesystem (planning, tests).
     assume_free_bytes: Optional[int] = None
     http: ExtractHTTPConfig = field(default_factory=ExtractHTTPConfig)
-    # The vLLM server of extract.backend=vllm (conf/config.yaml composes server/vllm.yaml here, so it
-    # can differ from generate.server and from `server`, the engine that serves; the Kimi plan
-    # generates with SGLang and extracts with vLLM). It runs the target in model.dtype.
+    # The server of extract.backend=vllm|sglang (conf/config.yaml composes server/cpu.yaml here, whose
+    # engine follows extract.backend; it can differ from generate.server and from `server`, the engine
+    # that serves). It runs the target in model.dtype.
     server: ServerConfig = field(default_factory=ServerConfig)
 
 
@@ -327,7 +330,7 @@ class TrainConfig:
 
     # store = read the hidden states stage extract stored (every epoch reuses one extraction);
     # online = compute each batch's states from the target while training (extract.backend: hf in
-    # this process, or vllm), nothing stored: no disk, but the target runs every epoch.
+    # this process, or a vllm/sglang server), nothing stored: no disk, but the target runs every epoch.
     # hybrid = online the first time a sample is fetched, written to the store extract would fill
     # (extract.storage_format), read from it afterwards (eagle3.extract.hybrid).
     hidden_states: str = "store"

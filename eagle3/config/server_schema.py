@@ -81,8 +81,9 @@ class ServeConfig:
     """Stage serve: launch the configured server and hold it until Ctrl-C."""
 
     dry_run: bool = False  # print the command line and environment, launch nothing
-    # Serve extract.server as extract.backend=vllm launches it (vLLM's extract_hidden_states method with
-    # eagle3's connector) for jobs elsewhere to use through extract.server.urls, instead of `server`.
+    # Serve extract.server as extract.backend=vllm|sglang launches it (vLLM's extract_hidden_states method
+    # with eagle3's connector; SGLang with eagle3's capture plugin) for jobs elsewhere to use through
+    # extract.server.urls, instead of `server`.
     hidden_states: bool = False
 
 

@@ -149,7 +149,7 @@ def engine_config(g: DraftGeometry, engine: str, *, dtype: str = "bfloat16",
         "tie_word_embeddings": False,  # SGLang would make lm_head the embedding
         "attention_bias": False,
         "mlp_bias": False,
-        # The layer variants (vLLM reads these four; an SGLang export has them all false).
+        # The layer variants (vLLM reads these four, SGLang 0.5.23 all but norm_before_residual).
         **g.variants(),
         "torch_dtype": dtype,
         "dtype": dtype,

@@ -1,4 +1,4 @@
-"""The config rules of hidden-state extraction (`extract.*`, and its server when `extract.backend=vllm`).
+"""The config rules of hidden-state extraction (`extract.*`, and its server when `extract.backend=vllm|sglang`).
 
 Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config.validate.validate_config`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import Eagle3Config
-from eagle3.engines import VLLM
+from eagle3.engines import ENGINES
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
 from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.serving.rules import check_server
@@ -26,16 +26,17 @@ def check_extract(cfg: Eagle3Config, err: ConfigErrors) -> None:
     err.not_negative("extract.disk_margin_gb", ex.disk_margin_gb)
     err.positive("extract.assumed_tokens_per_sample", ex.assumed_tokens_per_sample)
     err.not_negative("extract.assume_free_bytes", ex.assume_free_bytes, ">= 0 or null")
-    if ex.backend == VLLM:
+    if ex.backend in ENGINES:
         _check_extract_server(cfg, err)
 
 
 def _check_extract_server(cfg: Eagle3Config, err: ConfigErrors) -> None:
-    """extract.backend=vllm: a vLLM server node, its rules, and a client that can wait for it."""
-    server = cfg.extract.server
-    if server.backend != VLLM:
-        err.add("extract.server.backend", server.backend, "extract.backend=vllm takes hidden states from a vLLM "
-                "server", f"{VLLM} (conf/config.yaml composes server/vllm.yaml into extract.server)")
+    """extract.backend=vllm|sglang: that engine's server node, its rules, and a client that can wait for it."""
+    server, backend = cfg.extract.server, cfg.extract.backend
+    if server.backend != backend:
+        err.add("extract.server.backend", server.backend, f"extract.backend={backend} takes hidden states from "
+                f"a {backend} server", f"{backend} (conf/config.yaml composes server/cpu.yaml into extract.server, "
+                "whose backend follows extract.backend)")
     check_server(server, cfg.model, err, key="extract.server")
     http = cfg.extract.http
     for name in ("concurrency", "request_timeout_s", "max_attempts", "connect_wait_s", "file_wait_s"):

@@ -1,17 +1,20 @@
-"""Where hidden states come from (`extract.backend`): the target in this process, or vLLM servers.
+"""Where hidden states come from (`extract.backend`): the target in this process, or vLLM/SGLang servers.
 
 A source answers `states(seqs)` for token sequences, in order, each with `(aux [T, C*H], final
 [T, H])` -- the C capture layers side by side and the teacher, the output of the target's final
 norm -- or with `(reason, detail)` when it has none for that sequence. Stage extract stores what
-it answers; online training (`train.hidden_states=online`) trains on it directly. Both backends
-use the one capture convention (capture i = the residual stream entering decoder layer i = HF
-`hidden_states[i]`), converted for vLLM through `eagle3.layer_ids`.
+it answers; online training (`train.hidden_states=online`) trains on it directly. Every backend
+uses the one capture convention (capture i = the residual stream entering decoder layer i = HF
+`hidden_states[i]`), converted per engine where the engine numbers layers its own way.
 
 * `hf`: transformers in this process, pre-hooks on the capture layers (`capture`), loaded on the
   first call (`extract.device_map` spreads a big target over GPUs);
 * `vllm`: `extract.server` -- launched for the block with vLLM's `extract_hidden_states` method and
-  eagle3's KV connector, or the running servers at `extract.server.urls` -- through
-  `eagle3.extract.vllm_client`.
+  eagle3's KV connector (ids through `eagle3.layer_ids`), or the running servers at
+  `extract.server.urls` -- through `eagle3.extract.vllm_client`;
+* `sglang`: `extract.server` -- launched for the block with eagle3's capture plugin
+  (`eagle3.extract.sglang_plugin`, given the capture layers as they are), or running at its
+  urls -- through `eagle3.extract.sglang_client`.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
 import numpy as np
 import torch
 
-from eagle3.engines import IN_PROCESS, VLLM
+from eagle3.engines import IN_PROCESS, SGLANG, VLLM
 from eagle3.extract.capture import LayerCapture, capture_samples
 from eagle3.extract.target import DecoderParts
 
@@ -40,6 +43,7 @@ __all__ = ["HFStates", "StateSource", "exchange_dir", "online_states", "open_sta
 log = logging.getLogger("eagle3")
 States = Union[tuple[torch.Tensor, torch.Tensor], tuple[str, str]]
 PLUGIN_MODULE = "eagle3_vllm_connector"  # the connector's module name on the server's PYTHONPATH
+SGLANG_PLUGIN_MODULE = "eagle3_sglang_capture"  # the capture plugin's module name there
 INCOMING_DIR = ".incoming"
 
 
@@ -128,25 +132,54 @@ def exchange_dir(extract: ExtractConfig) -> Path:
 
 
 def extraction_command(cfg: Eagle3Config, run_dir: Path) -> Any:
-    """The command of a vLLM server that hands out this config's hidden states (`extract.server`)."""
+    """The command of a server that hands out this config's hidden states (`extract.server`, `extract.backend`)."""
+    if cfg.extract.backend == SGLANG:
+        return _sglang_extraction_command(cfg, run_dir)
+    return _vllm_extraction_command(cfg, run_dir)
+
+
+def _server_context(cfg: Eagle3Config) -> int:
+    """The extraction server's context: the longest prompt plus the one token it generates."""
+    return max(cfg.extract.server.context_length or 0, cfg.data.max_len + 1)
+
+
+def _sglang_extraction_command(cfg: Eagle3Config, run_dir: Path) -> Any:
+    """SGLang with eagle3's capture plugin: the module and a `.dist-info` naming it as an SGLang plugin."""
+    from eagle3.extract import sglang_plugin
+    from eagle3.serving.capture_commands import SGLangCapture
+    from eagle3.serving.commands import launch_config, sglang_command
+
+    plugin_dir = Path(run_dir) / "sglang_plugin"
+    info = plugin_dir / f"{sglang_plugin.DIST_NAME.replace('-', '_')}-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sglang_plugin.__file__, plugin_dir / f"{SGLANG_PLUGIN_MODULE}.py")  # torch and SGLang only
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {sglang_plugin.DIST_NAME}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[{sglang_plugin.ENTRY_POINT_GROUP}]\n"
+                                           f"{sglang_plugin.ENTRY_POINT} = {SGLANG_PLUGIN_MODULE}:register\n")
+    layers = ",".join(str(int(i)) for i in cfg.model.capture_layers)
+    capture = SGLangCapture(plugin_dir=str(plugin_dir), context_length=_server_context(cfg),
+                            plugin_env={sglang_plugin.CAPTURE_ENV: layers})
+    return sglang_command(launch_config(cfg, "extract.server", speculative=False), hidden_states=capture)
+
+
+def _vllm_extraction_command(cfg: Eagle3Config, run_dir: Path) -> Any:
     from eagle3.extract import vllm_connector
-    from eagle3.serving.commands import HiddenStateExport, launch_config, vllm_command
+    from eagle3.serving.capture_commands import HiddenStateExport
+    from eagle3.serving.commands import launch_config, vllm_command
 
     plugin_dir = Path(run_dir) / "vllm_plugin"
     plugin_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(vllm_connector.__file__, plugin_dir / f"{PLUGIN_MODULE}.py")  # self-contained: vLLM, torch only
-    context = cfg.extract.server.context_length
     export = HiddenStateExport(layer_ids=tuple(vllm_layer_ids(cfg.model)),
                                exchange_dir=str(exchange_dir(cfg.extract)),
                                plugin_dir=str(plugin_dir), connector_module=PLUGIN_MODULE,
-                               connector=vllm_connector.CONNECTOR_NAME,
-                               max_model_len=max(context or 0, cfg.data.max_len + 1))
+                               connector=vllm_connector.CONNECTOR_NAME, max_model_len=_server_context(cfg))
     # The launcher reads `server`; this server extracts, it does not draft.
     return vllm_command(launch_config(cfg, "extract.server", speculative=False), hidden_states=export)
 
 
 @contextlib.contextmanager
-def vllm_servers(cfg: Eagle3Config, run_dir: Path) -> Iterator[list[str]]:
+def extraction_servers(cfg: Eagle3Config, run_dir: Path) -> Iterator[list[str]]:
     """Base URLs of the extraction servers: `extract.server.urls`, or one launched for the block."""
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
@@ -155,9 +188,11 @@ def vllm_servers(cfg: Eagle3Config, run_dir: Path) -> Iterator[list[str]]:
         yield check_health(list(server.urls), str(server.backend), timeout_s=cfg.extract.http.connect_wait_s)
         return
     command = extraction_command(cfg, run_dir)
-    exchange_dir(cfg.extract).mkdir(parents=True, exist_ok=True)
+    if command.backend == VLLM:
+        exchange_dir(cfg.extract).mkdir(parents=True, exist_ok=True)
     log_path = Path(run_dir) / f"extract-{command.log_name}"
-    log.info("extract: starting the vLLM server that hands out hidden states: %s (log %s)", command.shell(), log_path)
+    log.info("extract: starting the %s server that hands out hidden states: %s (log %s)", command.backend,
+             command.shell(), log_path)
     with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
                        records_dir=records_dir(cfg.paths)) as proc:
         yield [proc.url]
@@ -181,7 +216,7 @@ def online_states(cfg: Eagle3Config, run_dir: Path, urls_file: Optional[Path] = 
     makes one source through `open_states`).
 
     Each process that trains calls it once and gets its own source: `hf` loads the target there;
-    `vllm` connects to the servers -- `extract.server.urls`, or one launched for the block, whose
+    `vllm` and `sglang` connect to the servers -- `extract.server.urls`, or one launched for the block, whose
     URLs go to `urls_file` so that the ranks a launcher starts separately (torchrun, Lightning's
     ddp) use it too (`wait_for_urls`: such a rank waits for the file instead of launching).
     """
@@ -193,26 +228,35 @@ def online_states(cfg: Eagle3Config, run_dir: Path, urls_file: Optional[Path] = 
     if backend == IN_PROCESS:
         yield functools.partial(HFStates, functools.partial(load_hf_target, cfg), list(cfg.model.capture_layers))
         return
-    from eagle3.draft.target_weights import load_final_norm
-    from eagle3.extract.vllm_client import VLLMStates
-
-    m = cfg.model
-    norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
-    settings = cfg.extract.http
+    client = _server_client(cfg)
     if wait_for_urls and urls_file is not None and not cfg.extract.server.urls:
-        yield functools.partial(VLLMStates, _await_urls(urls_file, cfg.extract.server.startup_timeout_s),
-                                settings, len(m.capture_layers), norm)
+        yield functools.partial(client, _await_urls(urls_file, cfg.extract.server.startup_timeout_s))
         return
-    with vllm_servers(cfg, run_dir) as urls:
+    with extraction_servers(cfg, run_dir) as urls:
         if urls_file is not None:
             from eagle3.artifacts import atomic_write_json
 
             atomic_write_json(urls_file, {"urls": urls})
         try:
-            yield functools.partial(VLLMStates, urls, settings, len(m.capture_layers), norm)
+            yield functools.partial(client, urls)
         finally:
             if urls_file is not None:
                 urls_file.unlink(missing_ok=True)
+
+
+def _server_client(cfg: Eagle3Config) -> Callable[[list[str]], StateSource]:
+    """The client of `extract.backend`'s servers, all but the URLs given (picklable)."""
+    m, settings = cfg.model, cfg.extract.http
+    if cfg.extract.backend == SGLANG:
+        from eagle3.extract.sglang_client import SGLangStates
+
+        return functools.partial(SGLangStates, settings=settings, n_capture=len(m.capture_layers),
+                                 hidden_size=int(m.hidden_size))
+    from eagle3.draft.target_weights import load_final_norm
+    from eagle3.extract.vllm_client import VLLMStates
+
+    norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
+    return functools.partial(VLLMStates, settings=settings, n_capture=len(m.capture_layers), final_norm=norm)
 
 
 def _await_urls(urls_file: Path, timeout_s: float) -> list[str]:

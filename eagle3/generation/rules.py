@@ -36,8 +36,8 @@ def _check_generate_server(cfg: Eagle3Config, err: ConfigErrors) -> None:
     backend, server = cfg.generate.backend, cfg.generate.server
     if server.backend != backend:
         err.add("generate.backend", backend, f"generate.server.backend is {server.backend!r}: generate would "
-                f"launch (or talk to) a {server.backend} server", f"{server.backend}, or keep {backend} and add "
-                f"server@generate.server={backend} (conf/config.yaml composes server/vllm.yaml into generate.server)")
+                f"launch (or talk to) a {server.backend} server", f"{server.backend}, or keep {backend} with "
+                f"server@generate.server={backend} (or server/cpu.yaml, whose backend follows generate.backend)")
     check_server(server, cfg.model, err, key="generate.server")
 
 

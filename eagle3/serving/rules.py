@@ -31,6 +31,7 @@ from eagle3.engines import (
     PROFILES,
     SERVER_BACKENDS,
     SGLANG,
+    SGLANG_NO_CPU_EAGLE,
     SM120_KERNELS_VALID,
     SM120_MAX_MEM_FRACTION,
     SM120_PROFILE,
@@ -38,6 +39,7 @@ from eagle3.engines import (
     SPEC_ALGORITHMS,
     VLLM,
 )
+from eagle3.layer_ids import sglang_capture_problem
 from eagle3.serving.http import is_loopback_host
 from eagle3.target_info import read_config, target_has_mla
 
@@ -223,10 +225,7 @@ def check_server(server: ServerConfig, model: ModelConfig, err: ConfigErrors,
         if typed == MEM_FRACTION and value is not None and not 0 < value <= 1:
             err.add(where, shown, "a fraction of the accelerator memory", "(0, 1] or null")
     err.positive(f"{key}.startup_timeout_s", server.startup_timeout_s)
-    if server.profile == CPU_PROFILE:
-        if server.backend != VLLM:
-            err.add(f"{key}.profile", CPU_PROFILE, f"the cpu profile is vLLM's CPU build, not {server.backend}",
-                    ", ".join(p for p in PROFILES if p != CPU_PROFILE) + f" (or {key}.backend={VLLM})")
+    if server.profile == CPU_PROFILE:  # the engine's CPU path (hf: nothing is launched, the profile is unused)
         err.positive(f"{key}.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
     if server.backend == VLLM:
         for field_name, value in field_values(server.kernels).items():
@@ -264,7 +263,13 @@ def check_chain_draft_engine(cfg: Eagle3Config, err: ConfigErrors) -> None:
         return
     _check_cpu_attention_pairing(cfg, err)
     if server.speculative.draft_path is not None:
-        return
+        return  # the launcher checks that export's ids against the target (eagle3.serving.launch_checks)
+    if server.backend == SGLANG:
+        target = read_config(str(cfg.model.path), cfg.model.text_config_key) or {}
+        problem = sglang_capture_problem(cfg.model.capture_layers, [str(a) for a in target.get("architectures") or ()])
+        if problem:
+            err.add("model.capture_layers", list(cfg.model.capture_layers), problem,
+                    "capture layers starting at 2 (e.g. [2, L//2, L-3]), or server=vllm")
     refused = config_refusals(cfg.model)
     serving = [engine for engine in ENGINES if engine not in refused]
     if server.backend in serving or not serving:
@@ -310,15 +315,24 @@ def _check_cpu_attention_pairing(cfg: Eagle3Config, err: ConfigErrors) -> None:
             "or server=vllm_gpu on a GPU")
 
 
+def check_engine_speculates(server: ServerConfig, err: ConfigErrors, key: str = "server") -> None:
+    """A server that is to speculate must be able to: SGLang's CPU engine has no EAGLE path."""
+    if server.backend == SGLANG and server.profile == CPU_PROFILE and server.speculative.algorithm is not None:
+        err.add(f"{key}.speculative.algorithm", server.speculative.algorithm, SGLANG_NO_CPU_EAGLE,
+                "null (the target alone), server=vllm on a CPU, or server=sglang on a GPU")
+
+
 def check_serve(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """stage=serve launches (or checks) an HTTP server: the in-process backend has none (with
-    serve.hidden_states it serves extract.server, whose rules extract.backend=vllm runs)."""
-    if cfg.serve.hidden_states and cfg.extract.backend != VLLM:
-        err.add("serve.hidden_states", True, "serves the vLLM server of extract.backend=vllm", "extract.backend=vllm")
+    serve.hidden_states it serves extract.server, whose rules extract.backend=vllm|sglang runs)."""
+    if cfg.serve.hidden_states and cfg.extract.backend not in ENGINES:
+        err.add("serve.hidden_states", True, "serves the server of extract.backend=vllm|sglang",
+                "extract.backend=vllm or extract.backend=sglang")
     if cfg.server.backend not in ENGINES and not cfg.serve.hidden_states:
         err.add("server.backend", cfg.server.backend, "stage=serve launches an HTTP server",
                 f"{', '.join(ENGINES)} (e.g. server=sglang)")
     if not cfg.serve.hidden_states:
+        check_engine_speculates(cfg.server, err)
         check_chain_draft_engine(cfg, err)
 
 
@@ -331,6 +345,7 @@ def check_bench(cfg: Eagle3Config, err: ConfigErrors) -> None:
     if server.speculative.algorithm is None:
         err.add("server.speculative.algorithm", None, "stage=bench compares the target with and without "
                 "the draft; the baseline turns speculation off by itself", EAGLE3)
+    check_engine_speculates(cfg.server, err)
     check_chain_draft_engine(cfg, err)
     err.positive("bench.num_prompts", bench.num_prompts)
     err.positive("bench.max_new_tokens", bench.max_new_tokens)

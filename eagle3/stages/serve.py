@@ -11,9 +11,10 @@ of this config's complete train output (`<train unit>/draft/<engine>`: the chain
 validated before launch (`eagle3.serving.commands`); `server.speculative.algorithm=null` serves the
 target alone. `serve.dry_run=true` prints the command and environment and launches nothing.
 With `server.urls` set nothing is launched: the URLs are health-checked and printed.
-`serve.hidden_states=true` serves `extract.server` instead, the way `extract.backend=vllm` launches
-it (vLLM's extract_hidden_states method and eagle3's connector), for extraction or online training
-jobs elsewhere to use through `extract.server.urls` (with a shared `extract.http.exchange_dir`).
+`serve.hidden_states=true` serves `extract.server` instead, the way `extract.backend=vllm|sglang` launches
+it (vLLM's extract_hidden_states method and eagle3's connector; SGLang with eagle3's capture plugin), for
+extraction or online training jobs elsewhere to use through `extract.server.urls` (vLLM: with a shared
+`extract.http.exchange_dir`).
 
     python scripts/run.py stage=serve model=kimi_k25 server=sglang_sm120 \\
         server.speculative.draft_path=/models/kimi-eagle3/draft/sglang serve.dry_run=true
@@ -28,6 +29,7 @@ from typing import Optional
 
 from omegaconf import DictConfig
 
+from eagle3.engines import VLLM
 from eagle3.stages.base import MissingInput, StageContext, StandaloneStage, require
 
 log = logging.getLogger("eagle3")
@@ -63,6 +65,7 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
         out: Where the command line and URL are printed (default stdout).
     """
     from eagle3.serving.commands import build_command
+    from eagle3.serving.machine import refuse_unservable
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     out = out or sys.stdout
@@ -81,7 +84,9 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
         from eagle3.extract.sources import exchange_dir, extraction_command
 
         command = extraction_command(settings, ctx.run_dir)
-        what = f"{command.backend} at {command.url}, handing out hidden states into {exchange_dir(settings.extract)}"
+        where = (f"into {exchange_dir(settings.extract)}" if command.backend == VLLM
+                 else "through /generate (eagle3's capture plugin)")
+        what = f"{command.backend} at {command.url}, handing out hidden states {where}"
     else:
         command = build_command(settings, resolve_draft(cfg, ctx))
         what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
@@ -90,8 +95,9 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
         print(command.shell(), file=out, flush=True)
         return []
 
-    if states:
+    if states and command.backend == VLLM:
         exchange_dir(settings.extract).mkdir(parents=True, exist_ok=True)
+    refuse_unservable(command)
     log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)
