@@ -59,9 +59,9 @@ def serving_layer_default(variant: str, backend: str) -> bool:
 PROFILES = ("generic", "sm120", "h200", "cpu")
 CPU_PROFILE, SM120_PROFILE = "cpu", "sm120"
 #: Profile cpu: each engine's own venv in the project root (scripts/setup_<engine>_cpu.sh makes it) and
-#: the dtype it generates in when `server.dtype` is not set (conf/server/cpu.yaml reads both). vLLM's
-#: CPU build generates in bf16 (its fast path); SGLang's plain-torch CPU path in the target's fp32
-#: (bf16 matmuls have no fast kernel there).
+#: the dtype it generates in (conf/server/cpu.yaml reads both). vLLM's CPU build generates in bf16 (its
+#: fast path: 1,208 tok/s on the demo against 888 in fp32); SGLang's plain-torch CPU path in fp32, the
+#: demo target's own (bf16 is no faster there: 490 against 518 tok/s; BENCHMARKS.md, issue 39).
 CPU_ENGINE_VENVS = {VLLM: ".vllm-venv", SGLANG: ".sglang-venv"}
 CPU_ENGINE_DTYPES = {VLLM: "bfloat16", SGLANG: "float32"}
 #: SGLang's CPU engine (docs/design.md, 'Facts: SGLang'): without SGLANG_USE_CPU_ENGINE=1 `--device

@@ -45,8 +45,7 @@ pytestmark = pytest.mark.slow
 FP32_TOLERANCE = 1e-4
 FP32 = "extract.storage_format=fp32"
 GREEDY = ("generate.temperature=0",)
-ONLINE_TRAIN = ("train.ttt_steps=3", "train.max_epochs=2", "eval.ks=[3]", "eval.num_prompts=4",
-                "eval.max_new_tokens=32")
+ONLINE_TRAIN = ("train.ttt_steps=3", "train.max_epochs=2")  # two epochs: every epoch asks the server again
 KILL_BATCH_TOKENS = "extract.batch_tokens=512"  # ~9 batches for the small demo: a kill lands between two
 
 
@@ -145,7 +144,8 @@ def test_online_training_through_sglang_runs_the_chain_without_a_store(chain):
     stores_before = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").is_dir() \
         else []
     before, port = unit_dirs(root, "train"), free_port()
-    done = _cli(root, "stage=all", "train.hidden_states=online", *ONLINE_TRAIN, *_sglang("extract.server", python, port))
+    done = _cli(root, "stage=train", "train.hidden_states=online", *ONLINE_TRAIN,
+                *_sglang("extract.server", python, port))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_stopped(port)
     stores_after = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").is_dir() \
