@@ -74,7 +74,7 @@ def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     port = free_port()
     done = _cli(root, "stage=extract", FP32, *_vllm(python, port))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    assert "starting the vLLM server that hands out hidden states" in done.stdout + done.stderr
+    assert "starting the vllm server that hands out hidden states" in done.stdout + done.stderr
     assert_stopped(port)
     hf, vllm = _extract_unit(root, "hf"), _extract_unit(root, "vllm")
     assert hf.counts == vllm.counts and vllm.counts["rejected"] == {} and vllm.counts["out"] == vllm.counts["in"]
