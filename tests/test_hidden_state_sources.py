@@ -154,3 +154,60 @@ def test_serve_dry_run_prints_the_extraction_server(cli, tmp_path):
     assert "dry run: nothing launched" in done.stdout
     assert not (tmp_path / "artifacts" / "hidden_states" / ".incoming").exists()  # a dry run creates nothing
 
+
+
+def test_the_sglang_extraction_server_loads_eagle3s_capture_plugin_and_computes_each_prompt_whole(tmp_path):
+    from importlib.metadata import distributions
+
+    from eagle3.extract import sglang_plugin
+    from eagle3.extract.sources import SGLANG_PLUGIN_MODULE
+
+    cfg = to_settings(compose_config(["extract.backend=sglang", f"paths.root={tmp_path}"]))
+    command = extraction_command(cfg, tmp_path / "run")
+    argv = command.argv
+    assert command.backend == "sglang" and argv[0] == str(PROJECT_ROOT / ".sglang-venv" / "bin" / "python")
+    assert _flag(argv, "--dtype") == "float32" and _flag(argv, "--context-length") == "2049"
+    assert "--enable-return-hidden-states" in argv and "--disable-radix-cache" in argv  # no cached prefix
+    assert _flag(argv, "--chunked-prefill-size") == "2049"  # one chunk per prompt
+    assert _flag(argv, "--device") == "cpu" and command.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert not any(a.startswith("--speculative") for a in argv)
+    # The capture layers as they are (eagle3's numbering): the plugin sets them itself.
+    assert command.env[sglang_plugin.CAPTURE_ENV] == "2,4,5"
+    plugin = tmp_path / "run" / "sglang_plugin"
+    assert command.env["PYTHONPATH"].split(":")[0] == str(plugin)
+    assert (plugin / f"{SGLANG_PLUGIN_MODULE}.py").read_bytes() == Path(sglang_plugin.__file__).read_bytes()
+    # What SGLang's load_plugins() finds there: our entry point in its group.
+    [dist] = [d for d in distributions(path=[str(plugin)])]
+    [entry] = [e for e in dist.entry_points if e.group == "sglang.srt.plugins"]
+    assert (entry.name, entry.value) == ("eagle3_capture", f"{SGLANG_PLUGIN_MODULE}:register")
+
+
+def _sglang_states(n_capture=3, hidden=4):
+    from eagle3.extract.sglang_client import SGLangStates
+
+    settings = ExtractHTTPConfig(concurrency=1, request_timeout_s=1, max_attempts=1, backoff_s=0, max_backoff_s=0,
+                                 max_consecutive_failures=0, connect_wait_s=1, file_wait_s=1)
+    return SGLangStates(["http://127.0.0.1:9"], settings, n_capture, hidden)
+
+
+def test_an_sglang_answer_becomes_aux_and_the_final_state_as_it_is():
+    source = _sglang_states()
+    rows = torch.randn(5, 16)  # [T, (C + 1) * H]: three captures, then the final-normed state
+    aux, final = source._convert([1, 2, 3, 4, 5], (rows.tolist(), 5), "u")
+    torch.testing.assert_close(aux, rows[:, :12])
+    torch.testing.assert_close(final, rows[:, 12:])  # no norm applied: the plugin hands it out normed
+    source.close()
+
+
+@pytest.mark.parametrize("answer, reason, text", [
+    ((torch.zeros(3, 16).tolist(), 4), "hidden_states_mismatch", "read 4 prompt tokens, not the 3 sent"),
+    ((torch.zeros(2, 16).tolist(), None), "hidden_states_mismatch", "2 rows of states for 3 prompt tokens"),
+    ((torch.zeros(3, 12).tolist(), 3), "bad_hidden_states", "shape [3, 12], expected [3, 16]"),
+    (([[float("nan")] * 16] * 3, 3), "bad_hidden_states", "non-finite"),
+    ((["x"], 3), "bad_hidden_states", "not a table of numbers"),
+])
+def test_an_sglang_answer_that_does_not_fit_the_prompt_is_a_reject(answer, reason, text):
+    source = _sglang_states()
+    got = source._convert([1, 2, 3], answer, "http://h/generate")
+    assert got[0] == reason and text in got[1] and "http://h/generate" in got[1], got
+    source.close()
