@@ -139,18 +139,20 @@ def test_sglang_store_equals_the_hf_store_and_captures_transformers_hidden_state
     assert float((final - hidden[-1][0]).abs().max()) <= FP32_TOLERANCE  # the final-normed state
 
 
+def _stores(root: Path) -> list[str]:
+    where = root / "hidden_states"
+    return sorted(p.name for p in where.iterdir()) if where.is_dir() else []
+
+
 def test_online_training_through_sglang_runs_the_chain_without_a_store(chain):
     root, python = chain
-    stores_before = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").is_dir() \
-        else []
+    stores_before = _stores(root)
     before, port = unit_dirs(root, "train"), free_port()
     done = _cli(root, "stage=train", "train.hidden_states=online", *ONLINE_TRAIN,
                 *_sglang("extract.server", python, port))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     assert_stopped(port)
-    stores_after = sorted(p.name for p in (root / "hidden_states").iterdir()) if (root / "hidden_states").is_dir() \
-        else []
-    assert stores_after == stores_before, "online training wrote a hidden-state store"
+    assert _stores(root) == stores_before, "online training wrote a hidden-state store"
     online = _new_unit(root, "train", before)
     assert online.status == "complete" and online.extra.get("hidden_states") == "online"
     sources = online.extra["states_source"]

@@ -40,7 +40,6 @@ from eagle3.serving.http import (
 
 if TYPE_CHECKING:
     from eagle3.config.schema import ExtractHTTPConfig
-    from eagle3.serving.http import Reply
 
 __all__ = ["RetryRequest", "ServerDown", "ServerStates", "States", "post_json"]
 
@@ -71,8 +70,9 @@ class RefusedPrompt(Exception):
 
 
 async def post_json(client: Client, url: str, path: str, body: dict[str, Any], timeout_s: float,
-                    what: str) -> Reply:
-    """POST `body` to `url + path`: the 200 reply, or RetryRequest / RefusedPrompt (`what`: the prompt, for errors)."""
+                    what: str) -> dict[str, Any]:
+    """POST `body` to `url + path`: the 200 reply's JSON object, or RetryRequest / RefusedPrompt (`what`: the
+    prompt, for errors)."""
     import aiohttp
 
     try:
@@ -86,7 +86,13 @@ async def post_json(client: Client, url: str, path: str, body: dict[str, Any], t
         if reply.status not in RETRY_STATUS:
             raise RefusedPrompt(f"HTTP {reply.status} from {url} for {what}: {text}")
         raise RetryRequest(f"HTTP {reply.status} from {url}: {text}", retry_after_seconds(reply.headers))
-    return reply
+    try:
+        answer = reply.json()
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise RetryRequest(f"{url}: an answer that is not a JSON object")
+    return answer
 
 
 class ServerStates:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eagle3.extract.server_states import RetryRequest, ServerDown, ServerStates, States, post_json
+from eagle3.extract.server_states import ServerDown, ServerStates, States, post_json
 
 if TYPE_CHECKING:
     from eagle3.config.schema import ExtractHTTPConfig
@@ -47,11 +47,8 @@ class SGLangStates(ServerStates):
     async def _fetch(self, client: Client, url: str, ids: list[int]) -> tuple[Any, str]:
         body = {"input_ids": ids, "return_hidden_states": True,
                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-        reply = await post_json(client, url, "/generate", body, self.settings.request_timeout_s, f"{len(ids)} tokens")
-        try:
-            meta = reply.json().get("meta_info") or {}
-        except (ValueError, AttributeError):
-            raise RetryRequest(f"{url}: an answer that is not JSON") from None
+        answer = await post_json(client, url, "/generate", body, self.settings.request_timeout_s, f"{len(ids)} tokens")
+        meta = answer.get("meta_info") or {}
         hidden = meta.get("hidden_states")
         if not hidden:
             raise ServerDown(f"extract.server: {url} answers /generate without meta_info.hidden_states: it does not "

@@ -56,13 +56,9 @@ class VLLMStates(ServerStates):
     async def _request(self, client: Client, url: str, ids: list[int]) -> str:
         """One completion request; the path of the states file it names."""
         body = {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
-        reply = await post_json(client, url, "/v1/completions", body, self.settings.request_timeout_s,
-                                f"{len(ids)} tokens")
-        try:
-            params = reply.json().get("kv_transfer_params") or {}
-        except (ValueError, AttributeError):
-            raise RetryRequest(f"{url}: an answer that is not JSON") from None
-        path = params.get("hidden_states_path")
+        answer = await post_json(client, url, "/v1/completions", body, self.settings.request_timeout_s,
+                                 f"{len(ids)} tokens")
+        path = (answer.get("kv_transfer_params") or {}).get("hidden_states_path")
         if not path:
             raise ServerDown(f"extract.server: {url} answers without kv_transfer_params.hidden_states_path: it does "
                              "not run vLLM's extract_hidden_states method with eagle3's connector; leave "

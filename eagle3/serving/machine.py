@@ -10,7 +10,7 @@ from __future__ import annotations
 import glob
 
 from eagle3.engines import SGLANG, SGLANG_NO_CPU_EAGLE
-from eagle3.serving.commands import ServerCommand, ServerConfigError
+from eagle3.serving.launch_checks import ServerConfigError
 
 __all__ = ["ACCELERATOR_DEVICES", "accelerator_visible", "refuse_unservable"]
 
@@ -24,9 +24,9 @@ def accelerator_visible() -> bool:
     return any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES)
 
 
-def refuse_unservable(command: ServerCommand) -> None:
-    """Raise ServerConfigError (one line) for a command this machine cannot serve: an SGLang draft without a GPU."""
-    if command.backend == SGLANG and command.draft is not None and not accelerator_visible():
+def refuse_unservable(backend: str, speculative: bool) -> None:
+    """Raise ServerConfigError (one line) for a launch this machine cannot serve: an SGLang draft without a GPU."""
+    if backend == SGLANG and speculative and not accelerator_visible():
         raise ServerConfigError([f"server.backend: {SGLANG!r} -- no GPU on this machine, and {SGLANG_NO_CPU_EAGLE}; "
                                  "valid: server=vllm on a CPU (the chain's in-process eval measures the draft "
                                  "anywhere), or this command on a GPU machine"])

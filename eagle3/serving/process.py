@@ -443,7 +443,7 @@ def server_endpoints(cfg: Eagle3Config, run_dir: PathLike, draft: Optional[PathL
         yield check_health(list(server.urls), str(server.backend), timeout_s=connect_timeout_s)
         return
     command = build_command(cfg, draft)
-    refuse_unservable(command)
+    refuse_unservable(command.backend, command.draft is not None)
     log_path = Path(run_dir) / command.log_name
     with ServerProcess(command, log_path, startup_timeout_s=float(server.startup_timeout_s), echo=echo,
                        records_dir=records_dir(cfg.paths)) as proc:

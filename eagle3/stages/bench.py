@@ -165,10 +165,9 @@ def benchmark(cfg: DictConfig, ctx: StageContext, unit: str, prompts: list[dict]
     header = {"dataset": unit, "algorithm": server.speculative.algorithm, "k": k,
               "draft": None if draft is None else str(draft), "connect_mode": _connect_mode(cfg)}
     if not _connect_mode(cfg):  # before the baseline starts: the speculative server must run here too
-        from eagle3.serving.commands import build_command, launch_config
         from eagle3.serving.machine import refuse_unservable
 
-        refuse_unservable(build_command(launch_config(ctx.config, "server"), draft))
+        refuse_unservable(str(server.backend), speculative=True)
     return run_benchmark(str(server.backend), prompts, ctx.config.bench,
                          lambda mode: _server(cfg, ctx, mode, draft), header, _eval_figure(cfg, ctx, unit, k))
 

@@ -97,7 +97,7 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
 
     if states and command.backend == VLLM:
         exchange_dir(settings.extract).mkdir(parents=True, exist_ok=True)
-    refuse_unservable(command)
+    refuse_unservable(command.backend, command.draft is not None)
     log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)
