@@ -48,7 +48,7 @@ def one(n: int, workers: int, chunk: int, tokenizer: str, max_len: int) -> dict:
     up.close()
 
     settings = RenderSettings(template=asset_path("chat_templates/kimi_k25_training.jinja").read_text(),
-                              thinking=True, max_len=max_len, overlength="truncate")
+                              thinking=True, max_len=max_len, overlength="truncate", answer_ids="emitted")
     out = StageOutput.open(root, "tokenize", "bench", {"n": n}, inputs={"c": upstream})
     start = time.perf_counter()
     extra = tokenize_unit(out, upstream.directory / CONVERSATIONS_FILE, upstream.counts["out"], "bench", settings,

@@ -21,6 +21,7 @@ from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.extract.store import HiddenStateStore
 from eagle3.serving.benchmark import outputs_match
 from tests.conftest import SMALL_DEMO_DATA, run_cli, unit_dirs
+from tests.emitted_ids import assert_trained_on_emitted_ids
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 pytestmark = pytest.mark.slow
@@ -183,3 +184,13 @@ def test_generate_through_vllm_answers_with_the_kimi_parsers_through_the_deepsee
     assert all(check_conversation(r["messages"]) is None for r in records)
     assert all(isinstance(m.get("reasoning_content"), str) and "<think>" not in m["content"] for m in assistants)
     assert any(m["reasoning_content"] for m in assistants) and any(m["content"].strip() for m in assistants)
+    # vLLM sent the ids behind each answer (return_token_ids), end-of-turn token included, and the
+    # tiktoken tokenizer's training ids are those ids, not the text re-encoded.
+    turns = [t for r in records for t in r["meta"]["generation"]["turns"]]
+    assert all(len(t["token_ids"]) == t["completion_tokens"] for t in turns)
+    before = unit_dirs(root, "tokenize")
+    done = _cli(root, "stage=tokenize", "generate.backend=vllm",
+                *launch_overrides(python, port, node="generate.server"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    [tokenized] = [d for d in unit_dirs(root, "tokenize") - before if Manifest.load(d).name == manifest.name]
+    assert assert_trained_on_emitted_ids(unit, tokenized) > 0

@@ -12,6 +12,7 @@ import torch
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.stages import CHAIN
 from tests.conftest import compose_config, run_cli, unit_dirs
+from tests.emitted_ids import assert_trained_on_emitted_ids
 
 
 @pytest.mark.slow
@@ -32,6 +33,10 @@ def test_stage_all_runs_the_chain_then_skips_everything(demo_chain):
     for record in train[:5]:
         assert len(record["input_ids"]) == len(record["loss_mask"]) == record["seq_len"]
         assert 0 < sum(record["loss_mask"]) < record["seq_len"]
+    # The regenerated answers train on the ids the demo target emitted (the hf backend's own).
+    [generated] = demo_chain.units["generate"]
+    [tokenized] = [d for d in demo_chain.units["tokenize"] if Manifest.load(d).name == "demo_prompts"]
+    assert assert_trained_on_emitted_ids(generated, tokenized) > 0
 
     # Every input a stage reads is declared in its manifest (and checked before the work reads it).
     evaluation = demo_chain.manifest("eval")

@@ -53,8 +53,9 @@ def tok():
     return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
 
 
-def settings(template=TRAINING, thinking=True, max_len=100_000, overlength="truncate"):
-    return RenderSettings(template=template, thinking=thinking, max_len=max_len, overlength=overlength)
+def settings(template=TRAINING, thinking=True, max_len=100_000, overlength="truncate", answer_ids="emitted"):
+    return RenderSettings(template=template, thinking=thinking, max_len=max_len, overlength=overlength,
+                          answer_ids=answer_ids)
 
 
 def masked_runs(ids, mask):

@@ -93,7 +93,9 @@ def test_generate_through_sglang_equals_the_hf_backend_under_greedy_decoding(cha
             assert_stopped(port)
         manifest = _new_unit(root, "generate", before)
         assert manifest.status == "complete" and manifest.config["backend"] == backend
-        answers[backend] = {r["id"]: r["messages"] for r in read_jsonl(Path(manifest.dir) / "conversations.jsonl")}
+        # The answers and the ids behind them: the hf backend's own, SGLang's response_token_ids.
+        answers[backend] = {r["id"]: (r["messages"], [t["token_ids"] for t in r["meta"]["generation"]["turns"]])
+                            for r in read_jsonl(Path(manifest.dir) / "conversations.jsonl")}
     assert len(answers["sglang"]) == len(answers["hf"]) >= 20
     differ = [i for i in answers["hf"] if answers["hf"][i] != answers["sglang"][i]]
     assert differ == [], f"{len(differ)} of {len(answers['hf'])} conversations differ, first {differ[:1]}: " \

@@ -55,7 +55,8 @@ def quoting(text: str) -> dict:
 
 
 def settings(template, thinking=True):
-    return RenderSettings(template=template, thinking=thinking, max_len=100_000, overlength="truncate")
+    return RenderSettings(template=template, thinking=thinking, max_len=100_000, overlength="truncate",
+                          answer_ids="emitted")
 
 
 def added_ids(tok) -> set[int]:

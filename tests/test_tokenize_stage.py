@@ -76,7 +76,7 @@ def test_bad_input_is_rejected_and_the_job_goes_on(tmp_path):
     convs[7:7] = [bad_tool]
     convs[20:20] = [prompt_only]
     up = upstream(tmp_path, convs)
-    manifest = run_tokenize(tmp_path, up, RenderSettings(template=strict, thinking=True, max_len=4096, overlength="truncate"), workers=2, chunk=4)
+    manifest = run_tokenize(tmp_path, up, RenderSettings(template=strict, thinking=True, max_len=4096, overlength="truncate", answer_ids="emitted"), workers=2, chunk=4)
 
     counts = manifest.counts
     assert counts["in"] == 32 and counts["out"] == 30
@@ -97,19 +97,19 @@ def test_bad_input_is_rejected_and_the_job_goes_on(tmp_path):
 def test_over_length_policies_are_counted(tmp_path):
     convs = demo_conversations(40)
     up = upstream(tmp_path / "up", convs)
-    full = run_tokenize(tmp_path / "full", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, 10**6, "truncate"))
+    full = run_tokenize(tmp_path / "full", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, 10**6, "truncate", "emitted"))
     lengths = {r["id"]: r["seq_len"] for r in read_jsonl(full.dir / TOKENIZED_FILE)}
     limit = sorted(lengths.values())[-8]  # 7 conversations are longer than this
     n_long = sum(v > limit for v in lengths.values())
     assert n_long == 7
 
-    cut = run_tokenize(tmp_path / "cut", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, limit, "truncate"))
+    cut = run_tokenize(tmp_path / "cut", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, limit, "truncate", "emitted"))
     assert cut.counts["out"] == 40 and cut.counts["truncated"] == n_long and cut.counts["rejected"] == {}
     for record in read_jsonl(cut.dir / TOKENIZED_FILE):
         assert record["seq_len"] == min(limit, lengths[record["id"]])
         assert record["truncated"] is (lengths[record["id"]] > limit)
 
-    drop = run_tokenize(tmp_path / "drop", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, limit, "drop"))
+    drop = run_tokenize(tmp_path / "drop", up, RenderSettings(TRAINING_TEMPLATE.read_text(), True, limit, "drop", "emitted"))
     assert drop.counts["out"] == 40 - n_long and drop.counts["rejected"] == {"too_long": n_long}
     assert drop.counts["truncated"] == 0
     assert {r["id"] for r in read_jsonl(drop.dir / "rejects.jsonl")} == {k for k, v in lengths.items() if v > limit}
@@ -157,8 +157,9 @@ def test_config_slice_covers_what_changes_the_output(tmp_path):
         is not None  # the worker count does not change the output, so it finds this one
     changed = [slice_(f"dataset.sources.{UNIT}.thinking=false"), slice_("data.max_len=512"),
                slice_("tokenize.overlength=drop"), slice_("model.training_chat_template=null"),
-               slice_(f"model.training_chat_template={asset_path('chat_templates/kimi_k25.jinja')}")]
-    assert all(c != manifest.config for c in changed) and len({json.dumps(c) for c in changed}) == 5
+               slice_(f"model.training_chat_template={asset_path('chat_templates/kimi_k25.jinja')}"),
+               slice_("tokenize.answer_ids=reencoded")]
+    assert all(c != manifest.config for c in changed) and len({json.dumps(c) for c in changed}) == 6
     # merge reads what tokenize wrote.
     [merged] = MERGE(cfg, ctx)
     assert merged.extra["train_samples"] + merged.extra["eval_samples"] == 60

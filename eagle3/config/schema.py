@@ -253,6 +253,9 @@ class TokenizeConfig:
     """Rendering with the (training) chat template and exact loss masks (stage tokenize)."""
 
     overlength: str = "truncate"  # truncate | drop   (limit: data.max_len)
+    # A regenerated answer trains on the ids the target emitted (emitted), or on its text
+    # re-encoded (reencoded: the pre-format-4 behaviour, to measure what the emitted ids change).
+    answer_ids: str = "emitted"  # emitted | reencoded
     num_workers: int = 0  # 0 = one per CPU core
     chunk_size: int = 64  # conversations per worker task
 

@@ -29,6 +29,10 @@ TRACK_TARGET_NATIVE = "target_native"
 #: `dataset.sources.<name>.track` (docs/design.md, 'Two tracks').
 TRACKS = (TRACK_TARGET_NATIVE, TRACK_PROMPT_ONLY)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+#: Key of a regenerated record's `meta.generation.turns[k]` holding the ids the target emitted for
+#: its k-th assistant message, when the backend knew them (stage generate writes it, stage
+#: tokenize trains on it: text decoded and re-encoded can come back as other ids).
+EMITTED_IDS_KEY = "token_ids"
 
 Problem = tuple[str, str]  # (reason, detail)
 

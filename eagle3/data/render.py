@@ -19,28 +19,38 @@ Tokens come from tokenizing ``R`` segment by segment (``add_special_tokens=False
 mapping is needed, so slow tokenizers such as Kimi's tiktoken one work too. A BPE merge across a
 boundary would make the segment tokens differ from tokenizing ``R`` in one go, which is checked.
 Text of the tokenizer's added tokens inside content a dataset supplied (a code sample quoting
-``<|im_end|>``) is escaped before rendering and encoded as text (`eagle3.data.special_text`); the
-answers stage generate regenerated keep the tokens the target emitted. The target's chat format
+``<|im_end|>``) is escaped before rendering and encoded as text (`eagle3.data.special_text`).
+
+An answer stage generate regenerated is trained on the ids the target emitted for it
+(``meta.generation.turns[k].token_ids``), not on its text re-encoded: decoding and re-encoding can
+split differently (an emitted ``olic`` + ``s`` comes back ``olics``, ``\n\n`` as two ``\n``), and
+then the draft would learn sequences the target never produces. The text around it is encoded as
+above; each record counts how many emitted tokens the re-encoding would have missed. The target's chat format
 conventions are applied first (`eagle3.chat_formats.targets.for_target`: Kimi's tool-call ids).
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from eagle3.chat_formats.targets import for_target
-from eagle3.data.conversation import TRACK_PROMPT_ONLY
+from eagle3.data.conversation import EMITTED_IDS_KEY, TRACK_PROMPT_ONLY
 from eagle3.data.special_text import SpecialTextError, literal_specials
 
-__all__ = ["Reject", "RenderSettings", "generated_spans", "render", "template_kwargs",
+__all__ = ["EmittedDrift", "Reject", "RenderSettings", "generated_spans", "render", "template_kwargs",
            "tokenize_conversation", "tokenize_spans"]
 
 OVERLENGTH_TRUNCATE, OVERLENGTH_DROP = "truncate", "drop"
 #: `tokenize.overlength`: what happens to a sample longer than data.max_len.
 OVERLENGTH_POLICIES = (OVERLENGTH_TRUNCATE, OVERLENGTH_DROP)
+ANSWER_IDS_EMITTED, ANSWER_IDS_REENCODED = "emitted", "reencoded"
+#: `tokenize.answer_ids`: a regenerated answer trains on the ids the target emitted (`emitted`), or on
+#: its text re-encoded by the tokenizer (`reencoded`: what tokenize format 3 did, kept to measure the gap).
+ANSWER_IDS = (ANSWER_IDS_EMITTED, ANSWER_IDS_REENCODED)
 
 
 class Reject(Exception):
@@ -62,12 +72,15 @@ class RenderSettings:
             ``enable_thinking``), as the target was prompted when it wrote the responses.
         max_len: Longest sample kept, in tokens.
         overlength: ``truncate`` (cut to max_len and flag) or ``drop`` (reject ``too_long``).
+        answer_ids: One of ANSWER_IDS: whether a regenerated answer's tokens are the ids the
+            target emitted (``meta.generation.turns[k].token_ids``) or its text re-encoded.
     """
 
     template: Optional[str]
     thinking: bool
     max_len: int
     overlength: str
+    answer_ids: str
 
     @property
     def template_sha256(self) -> Optional[str]:
@@ -157,40 +170,117 @@ def _end_of_generation(tokenizer: Any, turn: str, start: int) -> int:
     return at + len(eos)
 
 
-def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+@dataclass
+class EmittedDrift:
+    """How far the re-encoded text of regenerated answers is from the ids the target emitted.
+
+    Attributes:
+        emitted: Emitted tokens of the answers that carry their ids.
+        reencoded_unmatched: Of those, tokens the re-encoding of the rendered answer does not
+            reproduce (emitted length minus the longest common subsequence found by difflib).
+        trained_unmatched: Of those, tokens the training ids do not reproduce (0 under
+            ``answer_ids=emitted``; ``reencoded_unmatched`` under ``reencoded``).
+        answers_reencoded_differently: Answers whose re-encoding is not exactly their emitted ids.
+    """
+
+    emitted: int = 0
+    reencoded_unmatched: int = 0
+    trained_unmatched: int = 0
+    answers_reencoded_differently: int = 0
+
+
+def _unmatched(emitted: list[int], other: list[int]) -> int:
+    """Emitted tokens `other` does not reproduce, aligned as a diff would (a re-split costs its tokens)."""
+    if emitted == other:
+        return 0
+    matcher = difflib.SequenceMatcher(None, emitted, other, autojunk=False)
+    return len(emitted) - sum(block.size for block in matcher.get_matching_blocks())
+
+
+def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]],
+                   emitted: Optional[list[Optional[list[int]]]] = None, drift: Optional[EmittedDrift] = None,
+                   train_on_emitted: bool = True) -> tuple[list[int], list[int]]:
     """Token ids of ``text`` and a mask that is 1 exactly on the tokens of ``spans``.
+
+    Args:
+        emitted: Per span, the ids the target emitted for it, or None.
+        drift: Where to add how the encoding of those spans' text differs from their ids.
+        train_on_emitted: A non-empty span with emitted ids gets them instead of its text's
+            encoding (the text around it is encoded as usual).
 
     Raises:
         Reject: ``boundary_merge`` when tokenizing segment by segment differs from tokenizing the
             whole text (a token would straddle a mask boundary).
     """
-    segments, flags, pos = [], [], 0
-    for start, end in spans:
+    segments: list[str] = []
+    owners: list[Optional[int]] = []  # per segment: the index of the span it is, None for template text
+    pos = 0
+    for k, (start, end) in enumerate(spans):
         if start > pos:
             segments.append(text[pos:start])
-            flags.append(0)
+            owners.append(None)
         if end > start:
             segments.append(text[start:end])
-            flags.append(1)
+            owners.append(k)
         pos = end
     if pos < len(text):
         segments.append(text[pos:])
-        flags.append(0)
+        owners.append(None)
     try:  # added-token text the content quoted was escaped before rendering: encoded as text here
         encoded = literal_specials(tokenizer).encode(tokenizer, segments + [text])
     except SpecialTextError as exc:
         raise Reject("special_token_text", str(exc)) from None
     whole = encoded.pop()
+    joined = [i for seg_ids in encoded for i in seg_ids]
+    if joined != whole:
+        at = next((k for k, (a, b) in enumerate(zip(joined, whole, strict=False)) if a != b),
+                  min(len(joined), len(whole)))
+        raise Reject("boundary_merge", f"segment tokens differ from the whole render at token {at} "
+                     f"({len(joined)} vs {len(whole)} tokens)")
     ids: list[int] = []
     mask: list[int] = []
-    for seg_ids, flag in zip(encoded, flags, strict=True):
+    for seg_ids, owner in zip(encoded, owners, strict=True):
+        answer = None if owner is None or emitted is None else emitted[owner]
+        if answer is not None and drift is not None:
+            unmatched = _unmatched(answer, seg_ids)
+            drift.emitted += len(answer)
+            drift.reencoded_unmatched += unmatched
+            drift.trained_unmatched += 0 if train_on_emitted else unmatched
+            drift.answers_reencoded_differently += int(seg_ids != answer)
+        if answer is not None and train_on_emitted:
+            seg_ids = answer
         ids.extend(seg_ids)
-        mask.extend([flag] * len(seg_ids))
-    if ids != whole:
-        at = next((k for k, (a, b) in enumerate(zip(ids, whole, strict=False)) if a != b), min(len(ids), len(whole)))
-        raise Reject("boundary_merge", f"segment tokens differ from the whole render at token {at} "
-                     f"({len(ids)} vs {len(whole)} tokens)")
+        mask.extend([0 if owner is None else 1] * len(seg_ids))
     return ids, mask
+
+
+def _emitted_answer_ids(tokenizer: Any, conv: dict) -> Optional[list[Optional[list[int]]]]:
+    """Per assistant message, the ids the target emitted for it (None where unknown), or None for a
+    record that is not a regenerated one.
+
+    Raises:
+        Reject: ``emitted_ids_invalid``: the record carries ids that are not token ids of this
+            tokenizer or do not line up with its assistant messages.
+    """
+    if conv.get("track") != TRACK_PROMPT_ONLY:
+        return None
+    turns = ((conv.get("meta") or {}).get("generation") or {}).get("turns")
+    if not isinstance(turns, list) or not any(isinstance(t, dict) and EMITTED_IDS_KEY in t for t in turns):
+        return None
+    answers = sum(1 for m in conv["messages"] if m.get("role") == "assistant")
+    if len(turns) != answers:
+        raise Reject("emitted_ids_invalid", f"meta.generation.turns has {len(turns)} entries for {answers} "
+                     "assistant messages")
+    vocab = len(tokenizer)
+    out: list[Optional[list[int]]] = []
+    for k, turn in enumerate(turns):
+        ids = turn.get(EMITTED_IDS_KEY) if isinstance(turn, dict) else None
+        if ids is not None and not (isinstance(ids, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids)):
+            raise Reject("emitted_ids_invalid", f"meta.generation.turns[{k}].{EMITTED_IDS_KEY} is not a list of "
+                         f"token ids below the vocabulary size {vocab}")
+        out.append(ids)
+    return out
 
 
 def _last_assistant(messages: list[dict]) -> dict:
@@ -240,8 +330,8 @@ def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) 
 
     Raises:
         Reject: ``invalid_conversation``, ``template_error``, ``template_not_prefix``,
-            ``reasoning_dropped``, ``boundary_merge``, ``special_token_text``, ``too_long`` (overlength=drop)
-            or ``no_response_tokens``.
+            ``reasoning_dropped``, ``boundary_merge``, ``special_token_text``, ``emitted_ids_invalid``,
+            ``too_long`` (overlength=drop) or ``no_response_tokens``.
     """
     messages = conv.get("messages")
     if not isinstance(messages, list) or not messages or not all(
@@ -257,7 +347,10 @@ def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) 
     meta = conv.get("meta") or {}
     if meta.get("truncated") and spans:
         spans[-1] = _generated_part_of_cut_turn(text, spans[-1], _last_assistant(messages))
-    ids, mask = tokenize_spans(tokenizer, text, spans)
+    emitted = _emitted_answer_ids(tokenizer, conv)
+    drift = EmittedDrift()
+    ids, mask = tokenize_spans(tokenizer, text, spans, emitted, drift,
+                               train_on_emitted=settings.answer_ids == ANSWER_IDS_EMITTED)
     cut = len(ids) > settings.max_len
     if cut and settings.overlength == OVERLENGTH_DROP:
         raise Reject("too_long", f"{len(ids)} tokens > data.max_len={settings.max_len}")
@@ -280,4 +373,10 @@ def tokenize_conversation(tokenizer: Any, conv: dict, settings: RenderSettings) 
         "truncated": bool(cut or meta.get("truncated")),
         "truncated_max_len": cut,  # which of the two, for the counts and for later filtering
         "truncated_generation": bool(meta.get("truncated")),
+        # The ids the target emitted for this record's regenerated answers, and how many of them
+        # their re-encoded text / the training ids above do not reproduce (0 for other records).
+        "emitted_tokens": drift.emitted,
+        "emitted_unmatched_reencoded": drift.reencoded_unmatched,
+        "emitted_unmatched_trained": drift.trained_unmatched,
+        "answers_reencoded_differently": drift.answers_reencoded_differently,
     }

@@ -14,7 +14,7 @@ from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
 from eagle3.data.detect import files_sources
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
-from eagle3.data.render import OVERLENGTH_POLICIES
+from eagle3.data.render import ANSWER_IDS, OVERLENGTH_POLICIES
 from eagle3.demo.datasets import GENERATORS
 
 
@@ -76,9 +76,10 @@ def check_prep(cfg: Eagle3Config, err: ConfigErrors) -> None:
 
 
 def check_tokenize(cfg: Eagle3Config, err: ConfigErrors) -> None:
-    """`tokenize.*`: the overlength policy and the workers' settings."""
+    """`tokenize.*`: the overlength policy, which ids answers train on, and the workers' settings."""
     tok = cfg.tokenize
     err.choice("tokenize.overlength", tok.overlength, OVERLENGTH_POLICIES)
+    err.choice("tokenize.answer_ids", tok.answer_ids, ANSWER_IDS)
     err.not_negative("tokenize.num_workers", tok.num_workers, ">= 0 (0 = all cores)")
     err.positive("tokenize.chunk_size", tok.chunk_size)
 

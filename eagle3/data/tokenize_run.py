@@ -107,15 +107,25 @@ def resolve_workers(requested: int, pending: Optional[int], chunk_size: int) -> 
     return max(1, workers)
 
 
+#: Record fields summed into manifest counters of the same name: the ids regenerated answers were
+#: emitted as, and how many of them a re-encoding of the text / the training ids do not reproduce.
+_EMITTED_COUNTS = ("emitted_tokens", "emitted_unmatched_reencoded", "emitted_unmatched_trained",
+                   "answers_reencoded_differently")
+
+
 def _record_stats(records: Iterable[dict]) -> dict[str, int]:
-    """Manifest counters: tokens, generated tokens, samples cut at data.max_len (``truncated``)
-    and samples whose last answer generate cut at max_new_tokens (``generation_truncated``)."""
-    stats = {"tokens": 0, "response_tokens": 0, "truncated": 0, "generation_truncated": 0}
+    """Manifest counters: tokens, generated tokens, samples cut at data.max_len (``truncated``),
+    samples whose last answer generate cut at max_new_tokens (``generation_truncated``), and the
+    emitted-id drift of regenerated answers (_EMITTED_COUNTS)."""
+    stats = {"tokens": 0, "response_tokens": 0, "truncated": 0, "generation_truncated": 0,
+             **dict.fromkeys(_EMITTED_COUNTS, 0)}
     for rec in records:
         stats["tokens"] += rec["seq_len"]
         stats["response_tokens"] += rec["n_response_tokens"]
         stats["truncated"] += int(rec["truncated_max_len"])
         stats["generation_truncated"] += int(rec["truncated_generation"])
+        for key in _EMITTED_COUNTS:
+            stats[key] += int(rec.get(key, 0))
     return stats
 
 
@@ -172,4 +182,5 @@ def tokenize_unit(out: StageOutput, conversations: Path, total: Optional[int], u
     for key, value in stats.items():
         out.count(key, value)
     return {"file": output_name, "template_sha256": settings.template_sha256, "thinking": settings.thinking,
-            "max_len": settings.max_len, "overlength": settings.overlength, "workers": workers}
+            "max_len": settings.max_len, "overlength": settings.overlength, "answer_ids": settings.answer_ids,
+            "workers": workers}

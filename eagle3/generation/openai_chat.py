@@ -39,6 +39,7 @@ __all__ = [
     "BadResponse",
     "build_body",
     "chat_url",
+    "emitted_ids",
     "estimate_prompt_tokens",
     "is_context_error",
     "request_seed",
@@ -57,7 +58,10 @@ _CONTEXT_ERROR = re.compile(
     r"longer than the model", re.IGNORECASE)
 #: Body fields `build_body` sets from the request and generate.*; generate.http.extra_body may not.
 RESERVED_BODY_FIELDS = ("model", "messages", "tools", "max_tokens", "temperature", "top_p", "seed", "n", "stream",
-                        "chat_template_kwargs")
+                        "chat_template_kwargs", "return_token_ids")
+#: Where a choice carries the ids the target emitted when asked with `return_token_ids`: vLLM's
+#: `token_ids`, SGLang's `response_token_ids` (both answer the same request field).
+EMITTED_IDS_FIELDS = ("token_ids", "response_token_ids")
 # Per-message template overhead (role header, end-of-turn) in tokens, for the estimate.
 _TOKENS_PER_MESSAGE = 8
 
@@ -129,6 +133,8 @@ def build_body(request: GenerationRequest, params: SamplingParams, *, model: str
         "n": 1,
         "stream": False,
         "chat_template_kwargs": kwargs,
+        # The ids behind the message: text re-encoded can split differently (docs/design.md, tokenize).
+        "return_token_ids": True,
     })
     if request.tools:
         body["tools"] = request.tools
@@ -176,6 +182,23 @@ def to_message(raw: dict[str, Any], thinking: bool) -> dict[str, Any]:
     return message
 
 
+def emitted_ids(choice: dict[str, Any]) -> Optional[list[int]]:
+    """The ids a choice says the target emitted, or None when the server does not send them.
+
+    Raises:
+        BadResponse: The field is there but not a list of non-negative integers.
+    """
+    for name in EMITTED_IDS_FIELDS:
+        ids = choice.get(name)
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                for i in ids):
+            raise BadResponse(f"choices[0].{name} is not a list of token ids")
+        return ids
+    return None
+
+
 def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
     """A chat-completions response -> GenerationResult in canonical form.
 
@@ -214,7 +237,8 @@ def to_result(request: GenerationRequest, data: Any) -> GenerationResult:
                                 error_detail=f"the message holds a lone surrogate at {bad}", **tokens)
     if finish != FINISH_LENGTH:  # a `tool_calls` finish without calls is a plain stop
         finish = FINISH_TOOL_CALLS if message.get("tool_calls") else FINISH_STOP
-    return GenerationResult(id=request.id, message=message, finish_reason=finish, **tokens)
+    return GenerationResult(id=request.id, message=message, finish_reason=finish, token_ids=emitted_ids(choice),
+                            **tokens)
 
 
 def is_context_error(status: int, text: str) -> bool:

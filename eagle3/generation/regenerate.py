@@ -24,6 +24,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from eagle3.data.conversation import EMITTED_IDS_KEY
 from eagle3.generation.types import (
     ERROR_PROMPT_TOO_LONG,
     FINISH_LENGTH,
@@ -163,7 +164,8 @@ class _Conversation:
         return sum(t["completion_tokens"] for t in self.turn_meta)
 
     def _reject(self, reason: str, detail: Any) -> None:
-        self.generation["turns"] = self.turn_meta
+        # A reject is counted, never trained on: its turns keep their statistics, not their ids.
+        self.generation["turns"] = [{k: v for k, v in t.items() if k != EMITTED_IDS_KEY} for t in self.turn_meta]
         self.outcome = Outcome(id=self.id, reason=reason, detail=detail, generation=self.generation,
                                completion_tokens=self._tokens())
 
@@ -196,9 +198,11 @@ class _Conversation:
                 self._finish(ENDED_CONTEXT)
             return
         self.messages.append(result.message)
-        self.turn_meta.append({"finish_reason": result.finish_reason,
-                               "completion_tokens": result.completion_tokens,
-                               "prompt_tokens": result.prompt_tokens})
+        meta: dict[str, Any] = {"finish_reason": result.finish_reason, "completion_tokens": result.completion_tokens,
+                                "prompt_tokens": result.prompt_tokens}
+        if result.token_ids is not None:
+            meta[EMITTED_IDS_KEY] = list(result.token_ids)
+        self.turn_meta.append(meta)
         detail = {"turn": turn, "finish_reason": result.finish_reason,
                   "completion_tokens": result.completion_tokens}
         if _is_empty(result.message):

@@ -131,6 +131,10 @@ class GenerationResult:
             the token counts are what was known.
         text: The raw completion with control tokens, when the backend has it (debugging).
         error_detail: One line on the error (last HTTP status or exception, attempts), or None.
+        token_ids: The ids the target emitted for this turn, end-of-turn token included, when the
+            backend knows them (the hf backend's own, vLLM's `return_token_ids`, SGLang's
+            `response_token_ids`); None from a server that does not say. Stage tokenize trains
+            on these rather than on a re-encoding of `message`, which can split text otherwise.
     """
 
     id: str
@@ -141,6 +145,7 @@ class GenerationResult:
     error: Optional[str] = None
     text: Optional[str] = None
     error_detail: Optional[str] = None
+    token_ids: Optional[list[int]] = None
 
 
 @runtime_checkable

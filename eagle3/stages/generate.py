@@ -41,7 +41,9 @@ from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads e
 )
 from eagle3.target_info import target_identity
 
-FORMAT_VERSION = 2  # 2: one target identity (eagle3.target_info.target_identity), served settings
+# 2: one target identity (eagle3.target_info.target_identity), served settings;
+# 3: each answer keeps the ids the target emitted (meta.generation.turns[k].token_ids).
+FORMAT_VERSION = 3
 # Keys of generate.http that change what a server generates (the rest is how the client asks).
 HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
 # Keys of `generate.server` that change what an engine generates for the same weights and request.

@@ -26,7 +26,9 @@ from eagle3.target_info import tokenizer_identity
 
 TOKENIZED_FILE = "tokenized_data.jsonl"
 #: Bump when the record layout or the mask rule changes: old outputs must not be reused.
-FORMAT_VERSION = 3  # 2: a turn ends at its end-of-turn token; 3: quoted special-token text is text, Kimi call ids
+# 2: a turn ends at its end-of-turn token; 3: quoted special-token text is text, Kimi call ids;
+# 4: regenerated answers are the ids the target emitted (tokenize.answer_ids), drift counted per record.
+FORMAT_VERSION = 4
 
 
 def _template_text(cfg: DictConfig) -> Optional[str]:
@@ -37,7 +39,8 @@ def _template_text(cfg: DictConfig) -> Optional[str]:
 def render_settings(cfg: DictConfig, unit: str) -> RenderSettings:
     """The render settings of one source (template, its thinking mode, length policy)."""
     return RenderSettings(template=_template_text(cfg), thinking=bool(cfg.dataset.sources[unit].thinking),
-                          max_len=int(cfg.data.max_len), overlength=str(cfg.tokenize.overlength))
+                          max_len=int(cfg.data.max_len), overlength=str(cfg.tokenize.overlength),
+                          answer_ids=str(cfg.tokenize.answer_ids))
 
 
 def _tokenizer_spec(cfg: DictConfig) -> TokenizerSpec:
@@ -59,6 +62,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
         "thinking": settings.thinking,
         "max_len": settings.max_len,
         "overlength": settings.overlength,
+        "answer_ids": settings.answer_ids,
     }
 
 
