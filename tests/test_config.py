@@ -33,10 +33,11 @@ OPTION_ARGS = {
     "dataset/files.yaml": [f"dataset.files=[{_RAW / 'sharegpt.jsonl'},{_RAW / 'glaive.jsonl'}]",
                            "dataset.track=prompt_only"],
     "model/auto.yaml": ["model.path=${eagle3_asset:demo_target}"],
-    # scripts/build_smollm2.py makes the checkpoint on a machine that runs it; SmolLM2's own
-    # config.json (copied from that build) stands for it here, so the experiment is checked
-    # against the real 30-layer geometry on a fresh clone too.
+    # scripts/build_target.py makes the checkpoints on a machine that runs it; each one's own
+    # config.json (copied from that build) stands for it here, so the experiments are checked
+    # against the real geometries (SmolLM2's 30 layers, Gemma 3's 18) on a fresh clone too.
     "experiment/smollm2.yaml": [f"model.path={Path(__file__).parent / 'fixtures' / 'smollm2_config'}"],
+    "experiment/gemma3_270m.yaml": [f"model.path={Path(__file__).parent / 'fixtures' / 'gemma3_270m_config'}"],
 }
 
 

@@ -97,6 +97,23 @@ def test_an_answer_cut_at_max_new_tokens_trains_on_what_was_emitted_and_no_templ
     assert answer_runs(out) == [odd] and out["truncated_generation"]
 
 
+def test_a_cut_answer_the_template_trims_still_trains_on_its_emitted_ids(tok):
+    """Gemma-style templates `trim` content: a cut answer ending in a space is not in the render as
+    written, so its text cannot be located; its emitted ids still are what the target produced."""
+    trimming = CHATML.replace("{{ m['content'] }}", "{{ m['content'] | trim }}")
+    text = "Hello there general "
+    emitted = _encode(tok, text)
+    record = _regenerated(tok, [text], [emitted])
+    record["meta"]["truncated"] = True
+    settings = RenderSettings(template=trimming, thinking=False, max_len=10_000, overlength="truncate",
+                              answer_ids="emitted")
+    out = tokenize_conversation(tok, record, settings)
+    assert answer_runs(out) == [emitted] and out["emitted_unmatched_reencoded"] == len(emitted)
+    with pytest.raises(Reject) as err:  # re-encoding had nothing to train on: what format 3 did
+        tokenize_conversation(tok, record, RenderSettings(**{**settings.__dict__, "answer_ids": "reencoded"}))
+    assert err.value.reason == "no_response_tokens"
+
+
 def test_ids_that_cannot_be_the_targets_are_refused_with_the_field_named(tok):
     answers = ["a b", "c d"]
     for emitted, words in (([[len(tok) + 5], None], "below the vocabulary size"),

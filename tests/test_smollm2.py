@@ -17,9 +17,10 @@ import pytest
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.paths import PROJECT_ROOT
 from tests.conftest import HANG_GUARD_S, run_cli
+from tests.emitted_ids import assert_trained_on_emitted_ids
 from tests.vllm_env import assert_stopped, free_port, vllm_python
 
-BUILD = PROJECT_ROOT / "scripts" / "build_smollm2.py"
+BUILD = PROJECT_ROOT / "scripts" / "build_target.py"
 SMALL = ("dataset.num_samples=40", "generate.max_new_tokens=48", "data.eval_size=6", "eval.num_prompts=3",
          "eval.max_new_tokens=32", "eval.ks=[3]", "train.max_epochs=1", "train.ttt_steps=3")
 
@@ -28,7 +29,8 @@ SMALL = ("dataset.num_samples=40", "generate.max_new_tokens=48", "data.eval_size
 @pytest.mark.budget(400)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     python = vllm_python()
-    built = subprocess.run([sys.executable, str(BUILD)], capture_output=True, text=True, timeout=HANG_GUARD_S)
+    built = subprocess.run([sys.executable, str(BUILD), "smollm2"], capture_output=True, text=True,
+                           timeout=HANG_GUARD_S)
     assert built.returncode == 0, built.stderr[-3000:]
     assert "Paris" in built.stdout  # the checkpoint answers its fixed question
     port = free_port()
@@ -48,6 +50,11 @@ def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     answers = [c["messages"][-1] for c in conversations]
     assert all(a["role"] == "assistant" and a["content"].strip() for a in answers)
     assert generated.config["backend"] == "vllm"
+
+    # SmolLM2's answers train on the ids vLLM says it emitted, not on their text re-encoded.
+    [tokenized] = [Manifest.load(d) for d in (root / "tokenize").iterdir()]
+    assert tokenized.counts["emitted_tokens"] == tokenized.counts["response_tokens"] > 0
+    assert assert_trained_on_emitted_ids(generated.dir, tokenized.dir) == tokenized.counts["out"]
 
     [merged] = [Manifest.load(d) for d in (root / "merge").iterdir()]
     record = next(read_jsonl(merged.dir / "train.jsonl"))

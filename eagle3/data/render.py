@@ -203,7 +203,8 @@ def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]],
     """Token ids of ``text`` and a mask that is 1 exactly on the tokens of ``spans``.
 
     Args:
-        emitted: Per span, the ids the target emitted for it, or None.
+        emitted: Per span, the ids the target emitted for it, or None (an empty span with ids
+            counts them all as missed by the re-encoding, and trains on them).
         drift: Where to add how the encoding of those spans' text differs from their ids.
         train_on_emitted: A non-empty span with emitted ids gets them instead of its text's
             encoding (the text around it is encoded as usual).
@@ -219,7 +220,9 @@ def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]],
         if start > pos:
             segments.append(text[pos:start])
             owners.append(None)
-        if end > start:
+        # An empty span still stands for its emitted ids: a cut answer whose text the template
+        # reshaped (trimmed) cannot be found in the render, yet the target did emit it.
+        if end > start or (emitted is not None and emitted[k] is not None):
             segments.append(text[start:end])
             owners.append(k)
         pos = end
