@@ -196,7 +196,9 @@ def load_from_gguf(name: str, target: PublicTarget, gguf: Path):
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if gguf_flag(gguf, "tokenizer.ggml.add_bos_token") and not tokenizer("x")["input_ids"][:1] == \
             [tokenizer.bos_token_id]:
-        tokenizer.add_bos_token = True
+        # A settable property at run time (it rebuilds the post-processor) that the type stubs call
+        # read-only; whether it took is checked below, before anything is saved.
+        setattr(tokenizer, "add_bos_token", True)  # noqa: B010
     if target.chat_template is not None:
         tokenizer.chat_template = (ROOT / "eagle3" / "assets" / "chat_templates" / target.chat_template).read_text()
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

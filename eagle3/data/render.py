@@ -206,8 +206,8 @@ def tokenize_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]],
         emitted: Per span, the ids the target emitted for it, or None (an empty span with ids
             counts them all as missed by the re-encoding, and trains on them).
         drift: Where to add how the encoding of those spans' text differs from their ids.
-        train_on_emitted: A non-empty span with emitted ids gets them instead of its text's
-            encoding (the text around it is encoded as usual).
+        train_on_emitted: A span with emitted ids gets them instead of its text's encoding
+            (the text around it is encoded as usual).
 
     Raises:
         Reject: ``boundary_merge`` when tokenizing segment by segment differs from tokenizing the
