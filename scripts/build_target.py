@@ -194,8 +194,7 @@ def load_from_gguf(name: str, target: PublicTarget, gguf: Path):
         raise fail(name, "transformers reads GGUF files with the `gguf` package: pip install -e '.[targets]' "
                    "(or pip install gguf)") from None
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if gguf_flag(gguf, "tokenizer.ggml.add_bos_token") and not tokenizer("x")["input_ids"][:1] == \
-            [tokenizer.bos_token_id]:
+    if gguf_flag(gguf, "tokenizer.ggml.add_bos_token") and tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id]:
         # A settable property at run time (it rebuilds the post-processor) that the type stubs call
         # read-only; whether it took is checked below, before anything is saved.
         setattr(tokenizer, "add_bos_token", True)  # noqa: B010
