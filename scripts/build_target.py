@@ -194,7 +194,8 @@ def load_from_gguf(name: str, target: PublicTarget, gguf: Path):
         raise fail(name, "transformers reads GGUF files with the `gguf` package: pip install -e '.[targets]' "
                    "(or pip install gguf)") from None
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if gguf_flag(gguf, "tokenizer.ggml.add_bos_token") and tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id]:
+    wants_bos = gguf_flag(gguf, "tokenizer.ggml.add_bos_token")
+    if wants_bos and tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id]:
         # A settable property at run time (it rebuilds the post-processor) that the type stubs call
         # read-only; whether it took is checked below, before anything is saved.
         setattr(tokenizer, "add_bos_token", True)  # noqa: B010
@@ -216,7 +217,7 @@ def load_from_gguf(name: str, target: PublicTarget, gguf: Path):
     plain.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     plain.generation_config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
         else tokenizer.eos_token_id
-    if tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id] and gguf_flag(gguf, "tokenizer.ggml.add_bos_token"):
+    if wants_bos and tokenizer("x")["input_ids"][:1] != [tokenizer.bos_token_id]:
         raise fail(name, "the tokenizer does not put <bos> first though the GGUF asks for it")
     return plain.eval(), tokenizer
 

@@ -34,6 +34,13 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: tokenize trains on it: text decoded and re-encoded can come back as other ids).
 EMITTED_IDS_KEY = "token_ids"
 
+
+def is_token_ids(value: Any, vocab: Optional[int] = None) -> bool:
+    """Whether `value` is a list of token ids (non-negative ints, not bools; below `vocab` when given):
+    the one check of emitted ids, where a server sends them and where tokenize reads them back."""
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 and (vocab is None or i < vocab) for i in value)
+
 Problem = tuple[str, str]  # (reason, detail)
 
 

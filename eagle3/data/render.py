@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from eagle3.chat_formats.targets import for_target
-from eagle3.data.conversation import EMITTED_IDS_KEY, TRACK_PROMPT_ONLY
+from eagle3.data.conversation import EMITTED_IDS_KEY, TRACK_PROMPT_ONLY, is_token_ids
 from eagle3.data.special_text import SpecialTextError, literal_specials
 
 __all__ = ["EmittedDrift", "Reject", "RenderSettings", "generated_spans", "render", "template_kwargs",
@@ -278,8 +278,7 @@ def _emitted_answer_ids(tokenizer: Any, conv: dict) -> Optional[list[Optional[li
     out: list[Optional[list[int]]] = []
     for k, turn in enumerate(turns):
         ids = turn.get(EMITTED_IDS_KEY) if isinstance(turn, dict) else None
-        if ids is not None and not (isinstance(ids, list) and all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids)):
+        if ids is not None and not is_token_ids(ids, vocab):
             raise Reject("emitted_ids_invalid", f"meta.generation.turns[{k}].{EMITTED_IDS_KEY} is not a list of "
                          f"token ids below the vocabulary size {vocab}")
         out.append(ids)

@@ -206,7 +206,7 @@ class HFBackend:
         finish = FINISH_LENGTH if not ended else FINISH_TOOL_CALLS if message.get("tool_calls") else FINISH_STOP
         return GenerationResult(id=request.id, message=message, finish_reason=finish,
                                 completion_tokens=n_tokens, prompt_tokens=prompt_tokens, text=text,
-                                token_ids=list(tokens))
+                                token_ids=tokens)
 
     def close(self) -> None:
         """Drop the model so its memory can be reclaimed."""

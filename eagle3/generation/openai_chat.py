@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from eagle3.artifacts.records import unencodable_text
+from eagle3.data.conversation import is_token_ids
 from eagle3.generation.types import (
     ERROR_INVALID_UTF8,
     ERROR_UNKNOWN_FINISH,
@@ -192,8 +193,7 @@ def emitted_ids(choice: dict[str, Any]) -> Optional[list[int]]:
         ids = choice.get(name)
         if ids is None:
             continue
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                                                for i in ids):
+        if not is_token_ids(ids):
             raise BadResponse(f"choices[0].{name} is not a list of token ids")
         return ids
     return None
