@@ -271,7 +271,8 @@ def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_m
     rows = torch.tensor([0, 2, 3, 1, 2, 0])
     weight = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     neg_entropy = torch.xlogy(probs, probs).sum(-1)
-    fused, pred = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight)
+    fused, pred, _ = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight)
+    fused = fused.sum()
     assert pred.tolist() == logits.argmax(-1).tolist()
     (g_fused,) = torch.autograd.grad(fused, logits)
     p = probs[rows]
@@ -279,27 +280,36 @@ def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_m
     (g_ref,) = torch.autograd.grad(ref, logits)
     assert fused.item() == pytest.approx(ref.item(), abs=1e-12)
     assert torch.allclose(g_fused, g_ref, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda z: _SoftTargetLoss.apply(z, probs, rows, neg_entropy, weight)[0], (logits,))
+    assert torch.autograd.gradcheck(lambda z: _SoftTargetLoss.apply(z, probs, rows, neg_entropy, weight)[0],
+                                    (logits,))
 
 
-def _naive_loss(kind: str, p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+def _naive_loss(kind: str, p: torch.Tensor, logits: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Per-row distance between teacher rows p and softmax(logits), written out as in a textbook."""
     q = torch.softmax(logits, -1)
-    if kind == "tv":
-        return 0.5 * (p - q).abs().sum(-1)
-    m = 0.5 * (p + q)
 
     def kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # sum a log(a / b), 0 log 0 = 0
         return (torch.xlogy(a, a) - torch.xlogy(a, b)).sum(-1)
 
+    alpha = torch.minimum(p, q).sum(-1)
+    tv = 0.5 * (p - q).abs().sum(-1)
+    if kind == "tv":
+        return tv
+    if kind == "nla":
+        return -alpha.log()
+    if kind == "lk":  # one blend per call, from the counted rows' mean acceptance, not differentiated
+        blend = math.exp(-3.0 * float(alpha[weight > 0].mean()))
+        return blend * kl(p, q) + (1 - blend) * tv
+    m = 0.5 * (p + q)
     return 0.5 * kl(p, m) + 0.5 * kl(q, m)
 
 
-@pytest.mark.parametrize("kind", ["tv", "jsd"])
+@pytest.mark.parametrize("kind", ["tv", "jsd", "nla", "lk"])
 @pytest.mark.parametrize("in_vocab_mass", [1.0, 0.7])
-def test_tv_and_jsd_losses_match_their_textbook_formulas(kind, in_vocab_mass, monkeypatch):
-    """train.loss=tv|jsd: the fused value and its closed-form logit gradient against autograd of
-    the plain formulas, chunked, with a zero-weight row and a teacher row holding exact zeros."""
+def test_tv_jsd_nla_and_lk_losses_match_their_textbook_formulas(kind, in_vocab_mass, monkeypatch):
+    """train.loss=tv|jsd|nla|lk: the fused per-row values, their closed-form logit gradient and the
+    acceptance alpha = sum min(p, q) against autograd of the plain formulas, chunked, with a
+    zero-weight row and a teacher row holding exact zeros."""
     from eagle3.draft.ttt import _SoftTargetLoss
 
     torch.manual_seed(4)
@@ -310,19 +320,22 @@ def test_tv_and_jsd_losses_match_their_textbook_formulas(kind, in_vocab_mass, mo
     rows = torch.tensor([0, 2, 3, 1, 2, 1])
     weight = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
     neg_entropy = torch.xlogy(probs, probs).sum(-1)
-    fused, pred = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, kind)
+    fused, pred, alpha = _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, kind, True)
     assert pred.tolist() == logits.argmax(-1).tolist()
-    (g_fused,) = torch.autograd.grad(fused, logits)
-    ref = (_naive_loss(kind, probs[rows], logits) * weight).sum()
-    (g_ref,) = torch.autograd.grad(ref, logits)
-    assert fused.item() == pytest.approx(ref.item(), abs=1e-12)
+    assert torch.allclose(alpha, torch.minimum(probs[rows], torch.softmax(logits, -1)).sum(-1), atol=1e-12)
+    row_grads = torch.rand(6, dtype=torch.float64)  # a weighted sum of rows, as D-PACE makes it
+    (g_fused,) = torch.autograd.grad((fused * row_grads).sum(), logits)
+    ref = _naive_loss(kind, probs[rows], logits, weight) * weight
+    (g_ref,) = torch.autograd.grad((ref * row_grads).sum(), logits)
+    assert torch.allclose(fused, ref, atol=1e-12)
     assert torch.allclose(g_fused, g_ref, atol=1e-10)
-    assert fused.item() > 0
+    assert fused.sum().item() > 0
 
 
 def test_every_loss_trains_the_draft_toward_the_teacher():
-    """A few optimizer steps under each train.loss lower that loss on the same batch."""
-    for kind in ("kl", "tv", "jsd"):
+    """A few optimizer steps under each train.loss (and D-PACE's step weights) lower that loss on the same batch."""
+    cases = [(kind, "decay") for kind in ("kl", "tv", "jsd", "nla", "lk")] + [("kl", "dpace")]
+    for kind, step_weights in cases:
         draft, head = tiny_draft(14)
         batch = _padded_batch(10)
         teacher = teacher_targets(batch[4], head, draft.draft_ids())
@@ -330,14 +343,90 @@ def test_every_loss_trains_the_draft_toward_the_teacher():
         first = None
         for _ in range(8):
             out = ttt_forward(draft, *batch[:4], teacher, steps=3, decay=0.8, out_of_vocab="mask", block_size=4,
-                              loss=kind)
+                              loss=kind, step_weights=step_weights)
             first = out.loss.item() if first is None else first
             opt.zero_grad()
             out.loss.backward()
             opt.step()
-        assert out.loss.item() < first, kind
-    with pytest.raises(ValueError, match="train.loss='mse'; valid: kl, tv, jsd"):
+        assert out.loss.item() < first, (kind, step_weights)
+    with pytest.raises(ValueError, match="train.loss='mse'; valid: kl, tv, jsd, nla, lk"):
         ttt_forward(draft, *batch[:4], teacher, steps=1, decay=0.8, out_of_vocab="mask", block_size=4, loss="mse")
+    with pytest.raises(ValueError, match="train.step_weights='linear'; valid: decay, dpace"):
+        ttt_forward(draft, *batch[:4], teacher, steps=1, decay=0.8, out_of_vocab="mask", block_size=4,
+                    step_weights="linear")
+
+
+def test_dpace_weights_are_the_derivative_of_the_expected_accepted_length():
+    """D-PACE: the weight of step k is d E[L] / d log a_k with E[L] = sum_m prod_{j<=m} a_j, per chain."""
+    from eagle3.draft.ttt import dpace_weights
+
+    alpha = torch.tensor([[0.9, 0.5], [0.8, 0.0], [0.5, 0.7]], dtype=torch.float64).view(3, 1, 2)  # [K, B, T]
+    log_a = alpha.log().requires_grad_(True)
+    expected = torch.cumprod(log_a.exp(), 0).sum()
+    (by_autograd,) = torch.autograd.grad(expected, log_a)
+    weights = dpace_weights(alpha)
+    assert torch.allclose(weights[:, :, 0], by_autograd[:, :, 0])
+    # chain 1 breaks at step 1 (alpha 0): its later steps weigh nothing, its first only itself
+    assert weights[:, 0, 1].tolist() == pytest.approx([0.5, 0.0, 0.0])
+    assert weights[:, 0, 0].tolist() == pytest.approx([0.9 + 0.72 + 0.36, 0.72 + 0.36, 0.36])
+
+
+def test_dpace_loss_matches_a_per_chain_reference():
+    """ttt_forward with step_weights=dpace: the loss and gradients equal a hand-built sum over the
+    counted predictions of (detached chain weight) x KL, normalised by step 0's weights."""
+    draft, head = tiny_draft(15)
+    batch = _padded_batch(11)
+    teacher = teacher_targets(batch[4], head, draft.draft_ids())
+    kwargs = dict(steps=3, decay=0.8, out_of_vocab="mask", block_size=4)
+    out = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace")
+    (g_fast,) = torch.autograd.grad(out.loss, draft.fc.weight)
+
+    # the reference: the same unrolled steps, the per-row KL and alpha written out
+    plain = ttt_forward(draft, *batch[:4], teacher, **kwargs)
+    assert out.step_loss.tolist() == pytest.approx(plain.step_loss.tolist())  # the weights change only the total
+    captured = []
+    import eagle3.draft.ttt as ttt_module
+
+    real = ttt_module._loss_terms
+
+    def spy(d, state, probs, rows, neg_entropy, weight, loss, want_alpha):
+        logits = d.logits(state)
+        q = torch.softmax(logits.double(), -1)
+        p = probs[rows].double()
+        kl = (torch.xlogy(p, p) - p * torch.log_softmax(logits.double(), -1)).sum(-1) * weight
+        captured.append((kl, (torch.minimum(p, q).sum(-1) * weight).detach(), rows.clone()))
+        return real(d, state, probs, rows, neg_entropy, weight, loss, want_alpha)
+
+    ttt_module._loss_terms = spy
+    try:
+        again = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace")
+    finally:
+        ttt_module._loss_terms = real
+    assert again.loss.item() == pytest.approx(out.loss.item())
+    # step k's row reads the teacher at p = t + 1 + k: its chain start (b, t) follows from the teacher row
+    where = {int(r): (b, pos) for (b, pos), r in zip(torch.nonzero(teacher.row_of >= 0).tolist(),
+                                                     teacher.row_of[teacher.row_of >= 0].tolist(), strict=True)}
+    alpha_at = [{(where[int(r)][0], where[int(r)][1] - 1 - k): float(a) for a, r in zip(c[1], c[2], strict=True)}
+                for k, c in enumerate(captured)]
+    weights = []
+    for k, (_, _, rows) in enumerate(captured):
+        w = torch.zeros(len(rows), dtype=torch.float64)
+        for i, r in enumerate(rows.tolist()):
+            b, t = where[r][0], where[r][1] - 1 - k
+            reach, total = 1.0, 0.0
+            for m in range(3):
+                reach *= alpha_at[m].get((b, t), 0.0)  # a step that does not count ends the chain
+                total += reach if m >= k else 0.0
+            w[i] = total
+        weights.append(w)
+    assert any(len(a) != len(alpha_at[0]) for a in alpha_at)  # chains of different lengths
+    n0 = int((captured[0][1] > 0).sum())
+    scale = n0 / float(weights[0].sum())
+    ref = sum((kl * w * scale).sum() / n0 for (kl, _, _), w in zip(captured, weights, strict=True))
+    assert out.loss.item() == pytest.approx(float(ref), rel=1e-5)
+    (g_ref,) = torch.autograd.grad(ref, draft.fc.weight)
+    assert torch.allclose(g_fast, g_ref.to(g_fast.dtype), atol=1e-6)
+    assert g_fast.abs().max() > 0
 
 
 def test_state_noise_scales_with_each_captured_layer():

@@ -345,7 +345,9 @@ class TrainConfig:
     out_of_vocab: str = "mask"  # mask | keep
     # Teacher distribution: draft_vocab (renormalised) | full_vocab (eagle3.draft.options.TEACHERS).
     teacher: str = "draft_vocab"
-    loss: str = "kl"  # kl | tv | jsd (eagle3.draft.options.LOSSES)
+    loss: str = "kl"  # kl | tv | jsd | nla | lk (eagle3.draft.options.LOSSES)
+    # decay = ttt_decay^k per step | dpace = per prediction, from its chain's acceptance (options.STEP_WEIGHTS)
+    step_weights: str = "decay"
     # Gaussian noise on the captured states while training, std = this x each captured layer's
     # per-token RMS (0 = none): the draft reads its own drifting features at serving time.
     state_noise: float = 0.0

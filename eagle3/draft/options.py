@@ -17,11 +17,22 @@ OUT_OF_VOCAB_POLICIES = (OOV_MASK, OOV_KEEP)
 TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB = "draft_vocab", "full_vocab"
 TEACHERS = (TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB)
 #: `train.loss`, the distance each TTT step's draft distribution q is trained to close to the
-#: teacher's p: kl = KL(p || q) (EAGLE-3's; the fused default), tv = total variation
-#: 1/2 sum |p - q| (what acceptance of a sampled draft token loses: 1 - sum min(p, q)), jsd =
-#: Jensen-Shannon, 1/2 KL(p || m) + 1/2 KL(q || m) with m = (p + q) / 2 (bounded, symmetric).
-LOSS_KL, LOSS_TV, LOSS_JSD = "kl", "tv", "jsd"
-LOSSES = (LOSS_KL, LOSS_TV, LOSS_JSD)
+#: teacher's p, with alpha = sum min(p, q) (the acceptance rate of a sampled draft token):
+#: kl = KL(p || q) (EAGLE-3's; the fused default); tv = total variation 1/2 sum |p - q| (= 1 - alpha);
+#: jsd = Jensen-Shannon, 1/2 KL(p || m) + 1/2 KL(q || m) with m = (p + q) / 2; nla = -log alpha
+#: (TV's optimum with a 1/alpha gradient boost, so it trains from a cold start); lk = the LK loss
+#: (arXiv 2602.23881), lambda KL + (1 - lambda) TV with lambda = exp(-LK_ETA x mean alpha of the
+#: step's rows), detached: KL while the draft is poor, acceptance itself once it is good.
+LOSS_KL, LOSS_TV, LOSS_JSD, LOSS_NLA, LOSS_LK = "kl", "tv", "jsd", "nla", "lk"
+LOSSES = (LOSS_KL, LOSS_TV, LOSS_JSD, LOSS_NLA, LOSS_LK)
+#: The LK blend's decay rate (the paper's eta; 0 would be pure KL).
+LK_ETA = 3.0
+#: `train.step_weights`, how the TTT steps' losses are weighted: decay = `train.ttt_decay`^k, fixed;
+#: dpace = D-PACE (arXiv 2605.18810): each prediction weighted by d E[accepted length] / d log a_k =
+#: sum_{m >= k} prod_{j <= m} a_j over its own draft chain (a_j = that step's alpha, detached), so the
+#: positions that currently limit acceptance get the signal; `train.ttt_decay` is then unused.
+STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE = "decay", "dpace"
+STEP_WEIGHTS = (STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE)
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
 LR_SCHEDULES = ("cosine", "linear")
 #: `train.hidden_states`: read from the store stage extract filled, computed per batch while training,

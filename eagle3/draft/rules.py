@@ -23,6 +23,7 @@ from eagle3.draft.options import (
     LR_SCHEDULES,
     OUT_OF_VOCAB_POLICIES,
     PRECISIONS,
+    STEP_WEIGHTS,
     STRATEGIES,
     TEACHERS,
 )
@@ -131,6 +132,7 @@ def check_train(cfg: Eagle3Config, err: ConfigErrors) -> None:
     err.choice("train.out_of_vocab", tr.out_of_vocab, OUT_OF_VOCAB_POLICIES)
     err.choice("train.teacher", tr.teacher, TEACHERS)
     err.choice("train.loss", tr.loss, LOSSES)
+    err.choice("train.step_weights", tr.step_weights, STEP_WEIGHTS)
     if not 0 <= tr.state_noise < 10:
         err.add("train.state_noise", tr.state_noise, "noise std as a multiple of the states' RMS", "[0, 10)")
     err.choice("train.lr_schedule", tr.lr_schedule, LR_SCHEDULES)

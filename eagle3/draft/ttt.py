@@ -16,6 +16,7 @@ the loss.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,18 @@ from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import TTTAttention
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.options import LOSS_KL, LOSS_TV, LOSSES, OOV_MASK, OUT_OF_VOCAB_POLICIES
+from eagle3.draft.options import (
+    LK_ETA,
+    LOSS_KL,
+    LOSS_LK,
+    LOSS_NLA,
+    LOSS_TV,
+    LOSSES,
+    OOV_MASK,
+    OUT_OF_VOCAB_POLICIES,
+    STEP_WEIGHTS,
+    STEP_WEIGHTS_DPACE,
+)
 
 
 @dataclass
@@ -197,30 +209,41 @@ KL_CHUNK_ROWS = 64
 
 
 class _SoftTargetLoss(torch.autograd.Function):
-    """sum_i w_i D(p_i, softmax(z_i)) over draft logits z `[N, Vd]`, and the argmax of each row.
+    """Per row i: w_i D(p_i, softmax(z_i)) over draft logits z `[N, Vd]`, its argmax, and alpha_i.
 
-    D is KL(p || q) by default (`train.loss`, eagle3.draft.options.LOSSES). The loss is a sum, so
-    its gradient is known in forward. For KL it is w_i (s_i softmax(z_i) - p_i), with s_i = sum
-    p_i (1 for the renormalised teacher); for the others, with g = dD/dq, it is
-    w_i q_i (g_i - <q_i, g_i>). Forward writes it chunk by chunk in the logits' dtype (what
-    backward would return anyway) and backward only scales it: no `[N, Vd]` float32 log-probs are
-    kept, the teacher rows are gathered once, and each element is read in one cache-resident pass
-    instead of ~10 passes through memory (the draft head at a 32K vocab made these elementwise
-    passes cost more than its matmul on a CPU). With no gradient wanted (eval) the gradient is not
-    formed.
+    D is KL(p || q) by default (`train.loss`, eagle3.draft.options.LOSSES); alpha_i = sum min(p_i, q_i)
+    (computed only when `want_alpha`: nla and lk compute it anyway). The gradient of each row's
+    value is known in forward. For KL it is w_i (s_i softmax(z_i) - p_i), with s_i = sum p_i (1 for
+    the renormalised teacher); for the others, with g = dD/dq, it is w_i q_i (g_i - <q_i, g_i>).
+    Forward writes it chunk by chunk in the logits' dtype (what backward would return anyway) and
+    backward only scales each row by the gradient its value receives (1 for a plain sum, a D-PACE
+    weight otherwise): no `[N, Vd]` float32 log-probs are kept, the teacher rows are gathered
+    once, and each element is read in one cache-resident pass instead of ~10 passes through
+    memory (the draft head at a 32K vocab made these elementwise passes cost more than its matmul
+    on a CPU). With no gradient wanted (eval) the gradient is not formed. lk needs the step's mean
+    alpha before any row's blend is known, so it makes one more pass over the rows first.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str = LOSS_KL
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str = LOSS_KL, want_alpha: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         want_grad = ctx.needs_input_grad[0]
         work_dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits: softmax in fp32
         grad = torch.empty_like(logits) if want_grad else None
         pred = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-        total = torch.zeros((), dtype=work_dtype, device=logits.device)
-        for start in range(0, logits.shape[0], KL_CHUNK_ROWS):
-            part = slice(start, start + KL_CHUNK_ROWS)
+        row_loss = torch.zeros(logits.shape[0], dtype=work_dtype, device=logits.device)
+        alpha = torch.zeros(logits.shape[0], dtype=work_dtype, device=logits.device)
+        want_alpha = want_alpha or loss in (LOSS_NLA, LOSS_LK)
+        chunks = [slice(start, start + KL_CHUNK_ROWS) for start in range(0, logits.shape[0], KL_CHUNK_ROWS)]
+        blend = 1.0  # lk: the KL share lambda of the step
+        if loss == LOSS_LK:
+            for part in chunks:
+                alpha[part] = torch.minimum(probs[rows[part]], torch.softmax(logits[part].to(work_dtype), -1)).sum(-1)
+            counted = weight > 0
+            mean_alpha = float(alpha[counted].mean()) if bool(counted.any()) else 0.0
+            blend = math.exp(-LK_ETA * mean_alpha)
+        for part in chunks:
             z = logits[part].to(work_dtype, copy=True)  # [n, Vd]
             top, pred[part] = z.max(dim=-1)
             z.sub_(top.unsqueeze(-1))  # z - max
@@ -228,46 +251,80 @@ class _SoftTargetLoss(torch.autograd.Function):
             w = weight[part]
             q = torch.exp(z)
             if loss == LOSS_KL:
-                log_norm = q.sum(-1).log()  # log sum exp(z - max)
+                norm = q.sum(-1)  # sum exp(z - max)
                 mass = p.sum(-1)
-                cross = (p * z).sum(-1) - mass * log_norm  # sum p log softmax(z)
-                total += ((neg_entropy[rows[part]] - cross) * w).sum()
+                cross = (p * z).sum(-1) - mass * norm.log()  # sum p log softmax(z)
+                row_loss[part] = (neg_entropy[rows[part]] - cross) * w
+                if want_alpha:
+                    alpha[part] = torch.minimum(p, q / norm.unsqueeze(-1)).sum(-1)
                 if grad is not None:
-                    q.mul_((mass / log_norm.exp()).unsqueeze(-1)).sub_(p).mul_(w.unsqueeze(-1))
+                    q.mul_((mass / norm).unsqueeze(-1)).sub_(p).mul_(w.unsqueeze(-1))
                     grad[part] = q
                 continue
-            q.div_(q.sum(-1, keepdim=True))  # softmax(z)  [n, Vd]
-            if loss == LOSS_TV:
-                row_loss = 0.5 * (q - p).abs().sum(-1)
+            total = q.sum(-1, keepdim=True)
+            kl_cross = (p * z).sum(-1) - p.sum(-1) * total.squeeze(-1).log() if loss == LOSS_LK else None
+            q.div_(total)  # softmax(z)  [n, Vd]
+            if want_alpha and loss != LOSS_LK:
+                alpha[part] = torch.minimum(p, q).sum(-1)
+            extra = None  # lk: KL's logit gradient (before w), added to TV's
+            if loss in (LOSS_TV, LOSS_LK):
+                values = 0.5 * (q - p).abs().sum(-1)
                 q_g = 0.5 * q * torch.sign(q - p)  # q * dD/dq
+                if loss == LOSS_LK:
+                    assert kl_cross is not None
+                    values = blend * (neg_entropy[rows[part]] - kl_cross) + (1.0 - blend) * values
+                    q_g.mul_(1.0 - blend)
+                    extra = blend * (q * p.sum(-1, keepdim=True) - p)
+            elif loss == LOSS_NLA:  # dD/dq = -1[q < p] / alpha
+                acc = alpha[part].clamp_min(ALPHA_FLOOR)
+                values = -acc.log()
+                q_g = -q * (q < p) / acc.unsqueeze(-1)
             else:  # LOSS_JSD; dD/dq = 1/2 log(q / m)
                 m = 0.5 * (p + q)
                 q_g = 0.5 * (torch.xlogy(q, q) - torch.xlogy(q, m))
-                row_loss = 0.5 * (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1) + q_g.sum(-1)
-            total += (row_loss * w).sum()
+                values = 0.5 * (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1) + q_g.sum(-1)
+            row_loss[part] = values * w
             if grad is not None:
-                grad[part] = (q_g - q * q_g.sum(-1, keepdim=True)) * w.unsqueeze(-1)
-        ctx.mark_non_differentiable(pred)
+                g = q_g - q * q_g.sum(-1, keepdim=True)
+                if extra is not None:
+                    g += extra
+                grad[part] = g * w.unsqueeze(-1)
+        ctx.mark_non_differentiable(pred, alpha)
         if grad is not None:
             ctx.save_for_backward(grad)
-        return total, pred
+        return row_loss, pred, alpha
 
     @staticmethod
-    def backward(ctx, grad_total: torch.Tensor, grad_pred: torch.Tensor):
+    def backward(ctx, grad_rows: torch.Tensor, grad_pred: torch.Tensor, grad_alpha: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad * grad_total.to(grad.dtype), None, None, None, None, None
+        return grad * grad_rows.to(grad.dtype).unsqueeze(-1), None, None, None, None, None, None
+
+
+#: alpha below this counts as this in nla's -log alpha (a draft with no overlap at all).
+ALPHA_FLOOR = 1e-6
 
 
 def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
-                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted loss sum and argmax of the counted rows: states `[N, H]`, teacher `rows` / weight `[N]`."""
+                neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str, want_alpha: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row weighted loss, argmax and alpha of the counted rows: states `[N, H]`, teacher `rows` / weight `[N]`."""
     logits = draft.logits(state)  # [N, Vd]
-    return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss)
+    return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss, want_alpha)
 
+
+def dpace_weights(alpha: torch.Tensor) -> torch.Tensor:
+    """`[K, B, T]` D-PACE weights from each step's alpha at each chain start (0 where nothing counts).
+
+    The expected accepted length of the chain drafted from (b, t) is sum_m prod_{j<=m} a_j; its
+    derivative with respect to log a_k is sum_{m>=k} prod_{j<=m} a_j, the weight of step k.
+    """
+    reach = torch.cumprod(alpha, dim=0)  # [K, B, T] prod_{j<=m} a_j
+    return reach.flip(0).cumsum(0).flip(0)  # sum over m >= k
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
+                step_weights: str = STEP_WEIGHTS[0],
                 positions: torch.Tensor | None = None, segment_ends: torch.Tensor | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
@@ -289,6 +346,9 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
     if loss not in LOSSES:
         raise ValueError(f"train.loss={loss!r}; valid: {', '.join(LOSSES)}")
+    if step_weights not in STEP_WEIGHTS:
+        raise ValueError(f"train.step_weights={step_weights!r}; valid: {', '.join(STEP_WEIGHTS)}")
+    dpace = step_weights == STEP_WEIGHTS_DPACE
     bsz, seq = input_ids.shape
     device = input_ids.device
     pos = torch.arange(seq, device=device)
@@ -305,6 +365,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     assert neg_entropy is not None  # set by Teacher.__post_init__
 
     losses, step_loss, correct, counted, loss_tokens = [], [], [], [], []
+    chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
     grad = torch.is_grad_enabled()
     for k in range(steps):
         shift = 1 + k  # token read at t is t+shift; predicted token is j = t+shift+1
@@ -326,21 +387,45 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target = teacher.argmax[b_idx, t_idx + shift]  # [N]
         rows = teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
-        args = (draft, state[b_idx, t_idx], teacher.probs, rows, neg_entropy, weight.float(), loss)
+        args = (draft, state[b_idx, t_idx], teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
-            loss_sum, pred = checkpoint(_loss_terms, *args, use_reentrant=False)
+            row_loss, pred, alpha = checkpoint(_loss_terms, *args, use_reentrant=False)
         else:
-            loss_sum, pred = _loss_terms(*args)
+            row_loss, pred, alpha = _loss_terms(*args)
             kept_bytes += step_bytes if grad else 0
         n_loss = weight.sum()
-        loss_k = loss_sum / n_loss.clamp(min=1)
-        losses.append(loss_k * decay ** k)
+        loss_k = row_loss.sum() / n_loss.clamp(min=1)
+        if dpace:
+            chains.append((b_idx, t_idx, row_loss, alpha * weight))
+        else:
+            losses.append(loss_k * decay ** k)
         step_loss.append(loss_k.detach())
         correct.append((pred == target).sum())
         counted.append(count.sum())
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)
+    if dpace and chains:
+        losses = _dpace_losses(chains, bsz, seq)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
                      loss_tokens=torch.stack(loss_tokens))
+
+
+def _dpace_losses(chains: list[tuple[torch.Tensor, ...]], bsz: int, seq: int) -> list[torch.Tensor]:
+    """Each step's D-PACE-weighted loss from its rows `(b, t, row_loss, alpha)`.
+
+    Weights are relative to step 0's (their sum over step 0's rows is that step's loss-token count),
+    so a step-0-only chain trains as plain KL would and the total keeps the scale of `decay`'s.
+    """
+    alpha = torch.zeros(len(chains), bsz, seq, device=chains[0][0].device)  # [K, B, T]
+    for k, (b_idx, t_idx, _, a) in enumerate(chains):
+        alpha[k, b_idx, t_idx] = a.detach().float()
+    weights = dpace_weights(alpha)
+    first = chains[0]
+    scale = (first[3] > 0).sum().clamp(min=1) / weights[0, first[0], first[1]].sum().clamp_min(ALPHA_FLOOR)
+    losses = []
+    for k, (b_idx, t_idx, row_loss, _) in enumerate(chains):
+        w = weights[k, b_idx, t_idx] * scale
+        losses.append((row_loss * w.to(row_loss.dtype)).sum() / (first[3] > 0).sum().clamp(min=1))
+    return losses
