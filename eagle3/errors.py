@@ -37,6 +37,12 @@ class NothingKept(Eagle3Error):
     """
 
 
+class Refused(Eagle3Error):
+    """A unit's inputs cannot give what the config asks (`data.scale` above the data): found before
+    any work worth resuming, so the stage removes the unit directory this run opened for it -- a
+    rerun with the same config is refused the same way, and one with another config has another."""
+
+
 class NoSpaceLeft(Eagle3Error):
     """The disk the job writes to is (or would be) full: free space and rerun, the work resumes."""
 

@@ -305,9 +305,10 @@ def kill_9_when(cmd: list[str], ready, cwd: Path, env: dict, timeout_s: float = 
 #: 14 s instead of 27), for an in-process accept length of ~2.46 at K=3 (default data and schedule:
 #: 2.81). The tests on it compare modes and engines on the same chain (online vs store, vLLM vs
 #: in-process), which is what they check; the default's eval line is in BENCHMARKS.md, and
-#: test_config composes and validates the defaults.
+#: test_config composes and validates the defaults. Generate's progress lines come every 2 s instead
+#: of 30 (not in any fingerprint), so the chain's own log shows them.
 DEMO_CHAIN_OVERRIDES = ("dataset.sources.demo_prompts.num_samples=64", "train.ttt_steps=3", "train.max_epochs=4",
-                        "train.eval_every_n_epochs=4", "eval.ks=[3]")
+                        "train.eval_every_n_epochs=4", "eval.ks=[3]", "generate.http.log_every_s=2")
 
 
 @dataclass(frozen=True)
@@ -318,6 +319,7 @@ class DemoChain:
     root: Path
     units: dict[str, list[Path]]
     overrides: tuple[str, ...] = DEMO_CHAIN_OVERRIDES
+    log: str = ""  # what the building `stage=all` wrote (stdout and stderr: no terminal, as in a batch job)
 
     def unit(self, stage: str) -> Path:
         """The chain's one unit of `stage` (the stages after merge have one)."""
@@ -347,6 +349,7 @@ def demo_chain(tmp_path_factory) -> DemoChain:
     work.mkdir()
     done = run_cli(["stage=all", *DEMO_CHAIN_OVERRIDES, f"paths.root={root}"], cwd=work)
     assert done.returncode == 0, done.stderr[-3000:]
-    return DemoChain(root, {stage.name: sorted(unit_dirs(root, stage.name)) for stage in CHAIN})
+    return DemoChain(root, {stage.name: sorted(unit_dirs(root, stage.name)) for stage in CHAIN},
+                     log=done.stdout + done.stderr)
 
 

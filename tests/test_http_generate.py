@@ -327,7 +327,7 @@ def test_a_cli_generate_over_http_writes_canonical_conversations_with_reasoning(
     client = extra["this_run"]["client"]
     assert client["requests_ok"] == manifest.counts["assistant_turns"] == server.stats["ok"]
     assert extra["this_run"]["inflight_batches"] > 1
-    assert "generate demo_prompts: 60/60 conversations" in done.stdout + done.stderr  # the progress line
+    assert "generate demo_prompts: 60/60 conv (100%)" in done.stdout + done.stderr  # the progress line
 
 
 FAULTY = FaultPlan(seed=7, p_fault=0.35, max_faulty_attempts=2, stall_s=2.0)  # every request gets through

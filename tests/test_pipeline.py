@@ -6,6 +6,8 @@ data, a shorter schedule); this test checks what it produced, then runs the same
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -37,6 +39,12 @@ def test_stage_all_runs_the_chain_then_skips_everything(demo_chain):
     [generated] = demo_chain.units["generate"]
     [tokenized] = [d for d in demo_chain.units["tokenize"] if Manifest.load(d).name == "demo_prompts"]
     assert assert_trained_on_emitted_ids(generated, tokenized) > 0
+
+    # A batch job's log (no terminal): generate's timed progress lines, each Lightning line once, no tips.
+    first = demo_chain.log
+    assert re.search(r"generate demo_prompts: \d+/64 conv \(\d+%\), [\d.]+ conv/s", first), first[-3000:]
+    assert "Tip:" not in first and "GPU available: False" in first
+    assert first.count("GPU available: False") == 1
 
     # Every input a stage reads is declared in its manifest (and checked before the work reads it).
     evaluation = demo_chain.manifest("eval")

@@ -1,14 +1,17 @@
-"""Progress lines of fits no terminal watches, and the precision `train.precision=auto` picks."""
+"""Progress lines of stages and fits no terminal watches, and the precision `train.precision=auto` picks."""
 
 from __future__ import annotations
 
+import logging
+import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from eagle3.artifacts.console import Progress, progress
 from eagle3.draft.fit import resolve_precision
-from eagle3.draft.progress import ProgressLines, duration
+from eagle3.draft.progress import LIGHTNING_TIP, ProgressLines, duration, quiet_lightning
 from eagle3.dtypes import cpu_has_native_bf16
 
 
@@ -57,3 +60,48 @@ def test_auto_precision_is_bf16_mixed_only_on_cpus_with_bf16_units(tmp_path, mon
     assert resolve_precision("auto", "cpu") == ("bf16-mixed" if native else "32-true")
     assert resolve_precision("32-true", "cpu") == "32-true"
     assert cpu_has_native_bf16(str(tmp_path / "missing")) is False
+
+
+def test_a_stage_with_no_terminal_logs_a_line_every_interval_even_while_one_item_blocks(caplog, monkeypatch):
+    """`Progress` off a terminal: a thread logs done/total, rate, ETA and the live figures every
+    `every_s`, also while the loop is stuck in one slow item, and stops at close."""
+    monkeypatch.setattr("eagle3.artifacts.console._stderr_is_tty", lambda: False)
+    release = threading.Event()
+    now = [0.0]
+    with caplog.at_level("INFO", logger="eagle3"):
+        bar = progress(None, total=40, desc="generate demo", unit="conv", every_s=0.05,
+                       live=lambda: {"inflight": "3"}, clock=lambda: now[0])
+        bar.update(10)
+        now[0] = 5.0  # 10 conversations in 5 s: 2 conv/s, 30 left -> 15 s
+        bar.set_postfix({"tok/s": "120"})
+        release.wait(0.6)  # one slow item: no update, the lines keep coming
+        bar.close()
+        seen = len(caplog.records)
+        release.wait(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) >= 3 and len(caplog.records) == seen  # nothing after close
+    assert lines[-1] == "generate demo: 10/40 conv (25%), 2.0 conv/s, ETA 15s | tok/s 120, inflight 3"
+    assert bar.bar is None  # no tqdm redraws in a log file
+
+
+def test_iterating_counts_items_and_stops_its_thread(monkeypatch):
+    monkeypatch.setattr("eagle3.artifacts.console._stderr_is_tty", lambda: False)
+    bar = Progress(iter(range(7)), total=7, desc="tokenize x", every_s=30)
+    assert sum(bar) == 21 and bar.n == 7
+    assert bar._thread is not None and not bar._thread.is_alive()
+
+
+def test_lightning_lines_appear_once_and_its_tips_never(caplog):
+    """Under a configured root logger, Lightning's own stderr handler goes (each line once, through
+    the job log) and its advertising tips are dropped."""
+    import lightning.pytorch  # noqa: F401  (adds Lightning's handler)
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    quiet_lightning()
+    quiet_lightning()  # idempotent
+    assert logging.getLogger().hasHandlers()  # pytest's capture: what Hydra is under the entrypoint
+    assert not logging.getLogger("lightning.pytorch").handlers
+    with caplog.at_level("INFO"):
+        rank_zero_info(f"{LIGHTNING_TIP} For seamless cloud logging, try installing litlogger")
+        rank_zero_info("GPU available: False, used: False")
+    assert [r.getMessage() for r in caplog.records] == ["GPU available: False, used: False"]

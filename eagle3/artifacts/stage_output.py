@@ -10,21 +10,8 @@ a run that kept none of its input, leaves it ``stopped`` and the next ``open`` s
 Reusing a complete unit re-checks every file against its manifest entry -- size, and sha256
 where recorded -- and refuses a mismatch (`eagle3.artifacts.verify`).
 
-Typical use in a stage::
-
-    out = StageOutput.open(root, "tokenize", ds_name, cfg_slice, inputs={"conversations": prep_dir})
-    if out.complete:
-        return out.manifest
-    records = out.records("tokenized_data.jsonl")
-    for conv in progress(read_jsonl(src), total=n, desc=f"tokenize {ds_name}"):
-        out.count_in()
-        if out.is_done(conv["id"]):
-            continue          # done by an earlier, killed run
-        try:
-            records.write(tokenize(conv))
-        except TooLong as exc:
-            out.reject(conv["id"], "too_long", str(exc))
-    log_summary(out.finalize())
+Typical use: `eagle3.stages.base.UnitStage._run` (open; skip a complete unit; write, count, reject;
+finalize, or `discard` a refused unit).
 """
 
 from __future__ import annotations
@@ -110,6 +97,7 @@ class StageOutput:
         self.fingerprint = fp
         self.dir = root / stage / f"{name}-{fp}"
         self.complete = False
+        self.fresh = False  # whether this run created the directory (`discard` removes only such)
         self.manifest: Manifest
         self._held: Any = None  # the unit's lock (eagle3.artifacts.locks) while this run writes
         self._writers: dict[str, tuple[RecordWriter, bool]] = {}
@@ -216,6 +204,7 @@ class StageOutput:
             # A stopped unit kept nothing worth resuming, and its verdicts may be what the rerun
             # fixed without changing the fingerprint (a code or hub-side fix): start it over.
             self._remove_dir()
+        self.fresh = not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
         for stale in _stale_files(self.dir):
             # Temp files of a killed atomic write; we hold the lock, so no one owns them.
@@ -434,10 +423,21 @@ class StageOutput:
 
         For error paths: whatever was written stays resumable and the manifest ``running``.
         """
+        self._close_files()
+        self._unlock()
+
+    def _close_files(self) -> None:
         for writer, _ in self._writers.values():
             writer.close()
         if self._rejects is not None:
             self._rejects.close()
+
+    def discard(self) -> None:
+        """Close; remove the directory if this run created it (a refused unit), then unlock (so no job
+        starts the unit in it meanwhile). An earlier run's directory may hold resumable work: kept."""
+        self._close_files()
+        if self.fresh:
+            self._remove_dir()
         self._unlock()
 
     def __enter__(self) -> StageOutput:

@@ -220,7 +220,8 @@ class GenerateHTTPConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     thinking_keys: list[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
     extra_body: dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
-    log_every_s: float = 60.0  # a progress line in the log (batch jobs have no progress bar)
+    # Seconds between stage generate's progress lines when no terminal watches (any backend; batch jobs)
+    log_every_s: float = 30.0
 
 
 @dataclass

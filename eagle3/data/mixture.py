@@ -26,14 +26,14 @@ from typing import Any, Optional
 import numpy as np
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
-from eagle3.errors import Eagle3Error
+from eagle3.errors import Refused
 
 #: The merge stage's two files, one record per sample, by split (extract and train read them).
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
 SPLIT_FILES = {"train": TRAIN_FILE, "eval": EVAL_FILE}
 
 
-class ScaleBeyondData(Eagle3Error):
+class ScaleBeyondData(Refused):
     """`data.scale` asks for more train samples than the mixture holds: refused, never quietly capped.
 
     A data-scale sweep whose larger scales are capped trains the same samples under different

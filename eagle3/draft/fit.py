@@ -82,9 +82,10 @@ def build_trainer(config: Eagle3Config, run_dir: Path, unit_dir: Path, data_call
 
     from eagle3.draft.batching import FitSummaryCallback
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
-    from eagle3.draft.progress import ProgressLines, interactive
+    from eagle3.draft.progress import ProgressLines, interactive, quiet_lightning
     from eagle3.tracking import job_loggers
 
+    quiet_lightning()
     t = config.train
     loggers = job_loggers(config, run_dir)
     ckpt_dir = unit_dir / CHECKPOINT_DIR

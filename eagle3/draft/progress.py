@@ -16,22 +16,14 @@ from typing import Any, Optional
 
 import lightning as L
 
+from eagle3.artifacts.console import duration
+
 log = logging.getLogger("eagle3")
 
 
 def interactive() -> bool:
     """Whether a person watches stderr (a terminal): then Lightning's own bar is the better display."""
     return bool(getattr(sys.stderr, "isatty", lambda: False)())
-
-
-def duration(seconds: float) -> str:
-    """`1h02m`, `8m12s`, `41s`."""
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class ProgressLines(L.Callback):
@@ -88,4 +80,39 @@ class ProgressLines(L.Callback):
             log.info(self.line(trainer, now))
 
 
-__all__ = ["ProgressLines", "duration", "interactive"]
+#: Lightning's advertising lines ("Tip: ... try installing litlogger"): about no job of ours.
+LIGHTNING_TIP = "\N{ELECTRIC LIGHT BULB} Tip:"
+#: Lightning's loggers: it gives the first a stderr handler of its own at import.
+LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(LIGHTNING_TIP)
+
+
+def quiet_lightning() -> None:
+    """Each Lightning line once, in the job log's format, and none of its tips or deprecation chatter.
+
+    Under the entrypoint the root logger has Hydra's handlers (console and the job's log file), and
+    Lightning's records reach them; its own stderr handler printed each line a second time
+    (`INFO: GPU available: ...`). That handler goes where the root logger has one of its own;
+    without one (a notebook) it stays. Idempotent.
+    """
+    import warnings
+
+    root_handled = logging.getLogger().hasHandlers()
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        if root_handled and logger.propagate:
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+        for sub in (name, f"{name}.utilities.rank_zero"):
+            target = logging.getLogger(sub)
+            if not any(isinstance(f, _DropTips) for f in target.filters):
+                target.addFilter(_DropTips())
+    # torch 2.13 deprecates what Lightning's pytree helper calls on every fit (not ours to act on).
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+__all__ = ["LIGHTNING_TIP", "ProgressLines", "duration", "interactive", "quiet_lightning"]

@@ -50,6 +50,7 @@ from typing import Protocol
 
 import torch
 
+from eagle3.artifacts.console import Progress, progress
 from eagle3.draft.attention import DraftKVCache
 from eagle3.draft.model import Eagle3Draft
 
@@ -390,50 +391,60 @@ def evaluate_speculative(target, draft, prompts: Sequence[Sequence[int]], ks: Se
     if capture_layers is None:
         capture_layers = _capture_layers(draft)
     prompts = [list(p) for p in prompts]
-    with torch.inference_mode():
-        if warmup and prompts:  # first calls pay allocator / kernel selection costs
-            greedy_generate(target, prompts[0], min(4, max_new_tokens), eos)
-            speculative_generate(target, drafter, prompts[0], min(4, max_new_tokens), ks[0], eos, capture_layers)
-        baseline = [greedy_generate(target, p, max_new_tokens, eos) for p in prompts]
-        base_tokens = sum(len(r.tokens) for r in baseline)
-        base_wall = sum(r.wall_s for r in baseline)
-        base = {"tokens": base_tokens, "wall_s": base_wall, "forwards": sum(r.forwards for r in baseline),
-                "tokens_per_s": base_tokens / base_wall if base_wall > 0 else 0.0}
-        report: dict[str, dict] = {}
-        for k in ks:
-            results = [speculative_generate(target, drafter, p, max_new_tokens, k, eos, capture_layers)
-                       for p in prompts]
-            mismatches = [i for i, (b, s) in enumerate(zip(baseline, results, strict=True)) if b.tokens != s.tokens]
-            verifies = sum(r.verify_forwards for r in results)
-            verify_tokens = sum(r.verify_tokens for r in results)
-            tokens = sum(len(r.tokens) for r in results)
-            accepted_drafts = sum(sum(r.accepted_per_verify) for r in results)
-            reached = [sum(r.reached[i] for r in results) for i in range(k)]
-            accepted = [sum(r.accepted[i] for r in results) for i in range(k)]
-            wall = sum(r.wall_s for r in results)
-            per_prompt = [r.accept_length for r in results if r.verify_forwards]
-            report[str(k)] = {
-                "num_draft_tokens": k,
-                "num_prompts": len(prompts),
-                "max_new_tokens": int(max_new_tokens),
-                "accept_length_definition": ACCEPT_LENGTH_DEFINITION,
-                "accept_length": verify_tokens / verifies if verifies else 1.0,
-                "sglang_accept_length": tokens / verifies if verifies else 0.0,
-                "accept_length_untruncated": 1.0 + accepted_drafts / verifies if verifies else 1.0,
-                "accept_length_mean_per_prompt": sum(per_prompt) / len(per_prompt) if per_prompt else 1.0,
-                "acceptance_rate": _rates(accepted, reached),
-                "acceptance_rate_marginal": _rates(accepted, verifies),
-                "counts": {"verify_forwards": verifies, "verify_tokens": verify_tokens, "tokens": tokens,
-                           "accepted_drafts": accepted_drafts, "reached": reached, "accepted": accepted},
-                "wall_s": wall,
-                "draft_s": sum(r.draft_s for r in results),
-                "target_s": sum(r.target_s for r in results),
-                "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-                "baseline_tokens_per_s": base["tokens_per_s"],
-                "baseline": dict(base),
-                "speedup": base_wall / wall if wall > 0 else 0.0,
-                "lossless": (not mismatches) if check_lossless else None,
-                "first_mismatch": (mismatches[0] if mismatches else None) if check_lossless else None,
-                "mismatches": len(mismatches) if check_lossless else None,
-            }
+    bar: Progress[None] = progress(None, total=len(prompts) * (1 + len(ks)), desc="eval: greedy and speculative",
+                                   unit="generation")  # minutes on a real target: timed lines in a batch log
+    try:
+        with torch.inference_mode():
+            if warmup and prompts:  # first calls pay allocator / kernel selection costs
+                greedy_generate(target, prompts[0], min(4, max_new_tokens), eos)
+                speculative_generate(target, drafter, prompts[0], min(4, max_new_tokens), ks[0], eos, capture_layers)
+            baseline = []
+            for p in prompts:
+                baseline.append(greedy_generate(target, p, max_new_tokens, eos))
+                bar.update()
+            base_tokens = sum(len(r.tokens) for r in baseline)
+            base_wall = sum(r.wall_s for r in baseline)
+            base = {"tokens": base_tokens, "wall_s": base_wall, "forwards": sum(r.forwards for r in baseline),
+                    "tokens_per_s": base_tokens / base_wall if base_wall > 0 else 0.0}
+            report: dict[str, dict] = {}
+            for k in ks:
+                results = []
+                for p in prompts:
+                    results.append(speculative_generate(target, drafter, p, max_new_tokens, k, eos, capture_layers))
+                    bar.update()
+                mismatches = [i for i, (b, s) in enumerate(zip(baseline, results, strict=True)) if b.tokens != s.tokens]
+                verifies = sum(r.verify_forwards for r in results)
+                verify_tokens = sum(r.verify_tokens for r in results)
+                tokens = sum(len(r.tokens) for r in results)
+                accepted_drafts = sum(sum(r.accepted_per_verify) for r in results)
+                reached = [sum(r.reached[i] for r in results) for i in range(k)]
+                accepted = [sum(r.accepted[i] for r in results) for i in range(k)]
+                wall = sum(r.wall_s for r in results)
+                per_prompt = [r.accept_length for r in results if r.verify_forwards]
+                report[str(k)] = {
+                    "num_draft_tokens": k,
+                    "num_prompts": len(prompts),
+                    "max_new_tokens": int(max_new_tokens),
+                    "accept_length_definition": ACCEPT_LENGTH_DEFINITION,
+                    "accept_length": verify_tokens / verifies if verifies else 1.0,
+                    "sglang_accept_length": tokens / verifies if verifies else 0.0,
+                    "accept_length_untruncated": 1.0 + accepted_drafts / verifies if verifies else 1.0,
+                    "accept_length_mean_per_prompt": sum(per_prompt) / len(per_prompt) if per_prompt else 1.0,
+                    "acceptance_rate": _rates(accepted, reached),
+                    "acceptance_rate_marginal": _rates(accepted, verifies),
+                    "counts": {"verify_forwards": verifies, "verify_tokens": verify_tokens, "tokens": tokens,
+                               "accepted_drafts": accepted_drafts, "reached": reached, "accepted": accepted},
+                    "wall_s": wall,
+                    "draft_s": sum(r.draft_s for r in results),
+                    "target_s": sum(r.target_s for r in results),
+                    "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+                    "baseline_tokens_per_s": base["tokens_per_s"],
+                    "baseline": dict(base),
+                    "speedup": base_wall / wall if wall > 0 else 0.0,
+                    "lossless": (not mismatches) if check_lossless else None,
+                    "first_mismatch": (mismatches[0] if mismatches else None) if check_lossless else None,
+                    "mismatches": len(mismatches) if check_lossless else None,
+                }
+    finally:
+        bar.close()
     return report

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from eagle3.artifacts import StageOutput, progress, read_jsonl
+from eagle3.artifacts.console import Progress
 from eagle3.generation.factory import make_backend
 from eagle3.generation.regenerate import BatchInterrupted, GenerateSettings, Outcome, regenerate_batch
 from eagle3.generation.reuse import EarlierGenerations, chunks
@@ -95,11 +96,6 @@ def inflight_batches(generate: GenerateConfig, backend: Any) -> int:
     return int(explicit) if explicit else int(suggest(generate.batch_size))
 
 
-def _eta(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
 def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, output_name: str,
                   total: Optional[int] = None, earlier: Optional[EarlierGenerations] = None) -> dict:
     """Regenerate the prompt-only conversations of `source` into `out` (resumable).
@@ -130,15 +126,14 @@ def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, 
         backend = make_backend(cfg)  # fails fast for a backend that cannot generate
     inflight = inflight_batches(cfg.generate, backend)
     live = getattr(backend, "progress", None)  # live client figures (HTTP backends)
-    log_every = cfg.generate.http.log_every_s
     run: Counter[str] = Counter()
     rank: dict[Any, int] = {}  # id -> position in the source: the order both files end in
     failed: list[Any] = []  # details of conversations left undone by failed requests
     stopped: Optional[BackendUnavailable] = None
     started = time.perf_counter()
     first_run: Optional[float] = None
-    last_log = started
-    bar = progress(None, total=total, desc=f"generate {unit}", unit="conv")
+    bar: Progress[Any] = progress(None, total=total, desc=f"generate {unit}", unit="conv",
+                                  every_s=cfg.generate.http.log_every_s, live=live)
     pending: deque[tuple[int, list[dict], Future]] = deque()
     executor = ThreadPoolExecutor(inflight, thread_name_prefix=f"generate-{unit}") if inflight > 1 else None
     window = WRITE_WINDOW * inflight
@@ -163,12 +158,7 @@ def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, 
         run["progressed"] += n_batch
         bar.update(n_batch)
         seconds = time.perf_counter() - (first_run or started)
-        postfix = {"tok/s": f"{run['tokens'] / max(seconds, 1e-9):.0f}"}
-        if live is not None:
-            postfix.update(live())
-        bar.set_postfix(postfix, refresh=False)
-        if live is not None and time.perf_counter() - last_log >= log_every:
-            log_progress(postfix)
+        bar.set_postfix({"tok/s": f"{run['tokens'] / max(seconds, 1e-9):.0f}"}, refresh=False)
 
     def outcomes_of(run_batch: Callable[[], list[Outcome]]) -> list[Outcome]:
         """A batch's outcomes; if the backend stopped during it, those that had ended (and note the stop)."""
@@ -182,16 +172,6 @@ def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, 
     def flush_head() -> None:
         n_batch, done_fresh, future = pending.popleft()
         write(n_batch, done_fresh, outcomes_of(future.result), generated=not getattr(future, "reused", False))
-
-    def log_progress(postfix: dict[str, str]) -> None:
-        """One line for logs of batch jobs, where the progress bar is off."""
-        nonlocal last_log
-        last_log = time.perf_counter()
-        done = run["progressed"]
-        rate = run["conversations"] / max(last_log - (first_run or started), 1e-9)
-        eta = _eta(max(total - done, 0) / rate) if total and rate > 0 else "?"
-        log.info("generate %s: %d/%s conversations, %s, ETA %s", unit, done, total if total else "?",
-                 ", ".join(f"{k} {v}" for k, v in postfix.items()), eta)
 
     try:
         for batch in chunks(read_jsonl(source), batch_size):
@@ -240,8 +220,8 @@ def generate_file(cfg: Eagle3Config, unit: str, source: Path, out: StageOutput, 
                 pending.popleft()  # not started: its conversations stay undone
                 continue
             flush_head()  # finished or running: what it completes is written
-        if live is not None and run["batches_run"]:
-            log_progress(live())
+        if run["batches_run"]:
+            log.info(bar.line())  # the final count, also in a log no terminal watched
         if stopped is not None:
             raise stopped
     finally:

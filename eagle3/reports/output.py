@@ -8,6 +8,7 @@ atomically where they belong and copied into the job's run directory.
 from __future__ import annotations
 
 import io
+import logging
 import math
 import shutil
 from collections.abc import Mapping
@@ -35,8 +36,18 @@ def md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+class _NoFontCacheNotice(logging.Filter):
+    """matplotlib's one-time `Matplotlib is building the font cache` notice: install chatter, not the job's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "building the font cache" not in record.getMessage()
+
+
 def new_figure(width: float, height: float, dpi: int = 100) -> Any:
     """A figure on an Agg canvas, `width` x `height` inches."""
+    fonts = logging.getLogger("matplotlib.font_manager")
+    if not any(isinstance(f, _NoFontCacheNotice) for f in fonts.filters):
+        fonts.addFilter(_NoFontCacheNotice())
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -21,7 +21,7 @@ from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manife
 from eagle3.artifacts.verify import check_reusable
 from eagle3.config.convert import to_settings
 from eagle3.config.schema import Eagle3Config
-from eagle3.errors import Eagle3Error, NothingKept
+from eagle3.errors import Eagle3Error, NothingKept, Refused
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 
 log = logging.getLogger("eagle3")
@@ -139,7 +139,11 @@ class UnitStage:
         with out:
             for manifest in inputs.values():  # the work reads them: a changed file must not feed it
                 check_reusable(manifest.directory, manifest, manifest.fingerprint)
-            extra = self.run_unit(cfg, ctx, unit, out)
+            try:
+                extra = self.run_unit(cfg, ctx, unit, out)
+            except Refused:
+                out.discard()  # no `running` unit is left behind for a request the data cannot meet
+                raise
             manifest = out.stop(extra) if self.kept_nothing(out.counts()) else out.finalize(extra=extra)
         log_summary(manifest)
         return manifest
