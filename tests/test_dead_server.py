@@ -37,7 +37,7 @@ from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
 from eagle3.paths import PROJECT_ROOT
 from eagle3.serving.commands import ServerCommand, build_command, launch_config
-from eagle3.serving.exits import ServerExited, error_line
+from eagle3.serving.exits import ServerExited, error_line, exited_error
 from eagle3.serving.process import ServerProcess
 from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, run_cli
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
@@ -73,6 +73,20 @@ def test_error_line_is_the_root_cause_not_a_wrapper_nor_an_access_line():
     assert error_line(["Exception: boom", "INFO: shutting down"]) == "Exception: boom"
     assert error_line(['INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error',
                        "# eagle3: python -m vllm ..."]) is None
+
+
+def test_a_target_vllm_cannot_capture_for_gets_the_way_that_works_in_its_line():
+    """vLLM 0.32 refuses EAGLE-3 capture on Gemma 3 (no SupportsEagle3) with words that name an interface, not a fix."""
+    lines = ["(EngineCore pid=9) ERROR 12-06 05:30:01 [core.py:1100] RuntimeError: Model does not support EAGLE3 "
+             "interface but aux_hidden_state_outputs was requested",
+             "(APIServer pid=8) ERROR 12-06 05:30:02 [core.py:9] RuntimeError: Engine core initialization failed. "
+             "See root cause above. Failed core proc(s): {}"]
+    err = exited_error("vllm", 8, 1, "while starting", "/tmp/vllm.log", lines)
+    assert err.error == ("RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was "
+                         "requested")
+    assert "-- this vLLM cannot capture the hidden states EAGLE-3 reads" in str(err)
+    assert "use extract.backend=hf and stage=eval's in-process speculative decoding" in str(err)
+    assert "--" not in str(exited_error("vllm", 8, 1, "while starting", "/tmp/x.log", VLLM_CPU_CRASH.splitlines()))
 
 
 def test_the_vllm_cpu_command_turns_chunked_prefill_off_unless_extra_args_say():

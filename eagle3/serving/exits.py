@@ -23,8 +23,8 @@ from typing import Any, Optional, Protocol
 
 from eagle3.errors import Eagle3Error
 
-__all__ = ["DYING_S", "TAIL_IN_ERRORS", "ServerError", "ServerExited", "dead_server", "error_line", "exit_text",
-           "exited_error", "names", "register", "tail_text", "unregister"]
+__all__ = ["DYING_S", "KNOWN_CAUSES", "TAIL_IN_ERRORS", "ServerError", "ServerExited", "advice", "dead_server",
+           "error_line", "exit_text", "exited_error", "names", "register", "tail_text", "unregister"]
 
 TAIL_IN_ERRORS = 8  # log lines quoted in a one-line error
 # How long a server whose stage failed gets to finish dying before it is stopped: vLLM's API server
@@ -40,6 +40,20 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*(?=[A-Za-z_])\w*(?:Error|Exception
 _LOGGED_ERROR = re.compile(r"(?:^|[\s\]])(?:ERROR|CRITICAL|FATAL)\b")
 # A wrapper that only points at the real cause (vLLM's EngineDeadError: "See stack trace (above) ...").
 _POINTER = re.compile(r"\babove\b|root cause", re.IGNORECASE)
+
+
+#: Engine errors whose own words do not say what would work: (text of the error line, the advice).
+KNOWN_CAUSES = (
+    ("Model does not support EAGLE3 interface",  # vLLM 0.32's gpu_model_runner / eagle3_utils
+     "this vLLM cannot capture the hidden states EAGLE-3 reads for the target's architecture (its model class "
+     "does not implement SupportsEagle3, e.g. Gemma 3 in vLLM 0.32), so it can neither serve an EAGLE-3 draft "
+     "for it nor extract its states: use extract.backend=hf and stage=eval's in-process speculative decoding"),
+)
+
+
+def advice(why: Optional[str]) -> Optional[str]:
+    """What would work, for an error line `KNOWN_CAUSES` knows; else None."""
+    return next((hint for text, hint in KNOWN_CAUSES if why and text in why), None)
 
 
 class ServerError(Eagle3Error):
@@ -110,8 +124,10 @@ def exited_error(backend: str, pid: Optional[int], code: Optional[int], when: st
         lines: The last lines the server wrote (the error line is looked for in all of them).
     """
     why = error_line(lines)
+    hint = advice(why)
     return ServerExited(f"{backend} server exited with code {exit_text(code)} {when} (log: {log_path}): pid {pid}, "
-                        f"{why or 'no error in its log'}; last lines: {tail_text(lines)}",
+                        f"{why or 'no error in its log'}{f' -- {hint}' if hint else ''}; last lines: "
+                        f"{tail_text(lines)}",
                         backend=backend, pid=pid, code=code, log_path=str(log_path), error=why)
 
 
