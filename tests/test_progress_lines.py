@@ -94,13 +94,13 @@ def test_iterating_counts_items_and_stops_its_thread(monkeypatch):
 def test_lightning_lines_appear_once_and_its_tips_never(caplog):
     """Under a configured root logger, Lightning's own stderr handler goes (each line once, through
     the job log) and its advertising tips are dropped."""
-    import lightning.pytorch  # noqa: F401  (adds Lightning's handler)
+    import lightning  # noqa: F401  (adds Lightning's handlers)
     from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
     quiet_lightning()
     quiet_lightning()  # idempotent
     assert logging.getLogger().hasHandlers()  # pytest's capture: what Hydra is under the entrypoint
-    assert not logging.getLogger("lightning.pytorch").handlers
+    assert not any(logging.getLogger(name).handlers for name in ("lightning", "lightning.pytorch", "lightning.fabric"))
     with caplog.at_level("INFO"):
         rank_zero_info(f"{LIGHTNING_TIP} For seamless cloud logging, try installing litlogger")
         rank_zero_info("GPU available: False, used: False")

@@ -82,8 +82,9 @@ class ProgressLines(L.Callback):
 
 #: Lightning's advertising lines ("Tip: ... try installing litlogger"): about no job of ours.
 LIGHTNING_TIP = "\N{ELECTRIC LIGHT BULB} Tip:"
-#: Lightning's loggers: it gives the first a stderr handler of its own at import.
-LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+#: Lightning's loggers: at import it gives `lightning` a stderr handler (`INFO: <message>`), and the
+#: other two one more when the root logger has none yet.
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
 
 
 class _DropTips(logging.Filter):
@@ -107,10 +108,10 @@ def quiet_lightning() -> None:
         if root_handled and logger.propagate:
             for handler in list(logger.handlers):
                 logger.removeHandler(handler)
-        for sub in (name, f"{name}.utilities.rank_zero"):
-            target = logging.getLogger(sub)
-            if not any(isinstance(f, _DropTips) for f in target.filters):
-                target.addFilter(_DropTips())
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        target = logging.getLogger(name)  # where the tips are logged (a logger's filter sees only its own records)
+        if not any(isinstance(f, _DropTips) for f in target.filters):
+            target.addFilter(_DropTips())
     # torch 2.13 deprecates what Lightning's pytree helper calls on every fit (not ours to act on).
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
 
