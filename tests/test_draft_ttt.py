@@ -361,24 +361,32 @@ def test_dpace_weights_are_the_derivative_of_the_expected_accepted_length():
     from eagle3.draft.ttt import dpace_weights
 
     alpha = torch.tensor([[0.9, 0.5], [0.8, 0.0], [0.5, 0.7]], dtype=torch.float64).view(3, 1, 2)  # [K, B, T]
+    every = torch.ones_like(alpha, dtype=torch.bool)
     log_a = alpha.log().requires_grad_(True)
     expected = torch.cumprod(log_a.exp(), 0).sum()
     (by_autograd,) = torch.autograd.grad(expected, log_a)
-    weights = dpace_weights(alpha)
+    weights = dpace_weights(alpha, every)
     assert torch.allclose(weights[:, :, 0], by_autograd[:, :, 0])
-    # chain 1 breaks at step 1 (alpha 0): its later steps weigh nothing, its first only itself
+    # unsmoothed, chain 1 breaks at step 1 (alpha 0): its later steps weigh nothing, its first only itself
     assert weights[:, 0, 1].tolist() == pytest.approx([0.5, 0.0, 0.0])
     assert weights[:, 0, 0].tolist() == pytest.approx([0.9 + 0.72 + 0.36, 0.72 + 0.36, 0.36])
+    # smoothed (s = 0.5: a -> 0.5 a + 0.5), the missed step still passes half on
+    smooth = dpace_weights(alpha, every, 0.5)[:, 0, 1]
+    assert smooth.tolist() == pytest.approx([0.75 + 0.375 + 0.31875, 0.375 + 0.31875, 0.31875])
+    # a step that does not count passes the product on and adds no term of its own
+    gap = every.clone()
+    gap[1, 0, 0] = False
+    assert dpace_weights(alpha, gap)[:, 0, 0].tolist() == pytest.approx([0.9 + 0.45, 0.0, 0.45])
 
 
 def test_dpace_loss_matches_a_per_chain_reference():
     """ttt_forward with step_weights=dpace: the loss and gradients equal a hand-built sum over the
-    counted predictions of (detached chain weight) x KL, normalised by step 0's weights."""
+    counted predictions of (detached, smoothed chain weight) x KL, normalised by step 0's weights."""
     draft, head = tiny_draft(15)
     batch = _padded_batch(11)
     teacher = teacher_targets(batch[4], head, draft.draft_ids())
     kwargs = dict(steps=3, decay=0.8, out_of_vocab="mask", block_size=4)
-    out = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace")
+    out = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace", dpace_smoothing=0.3)
     (g_fast,) = torch.autograd.grad(out.loss, draft.fc.weight)
 
     # the reference: the same unrolled steps, the per-row KL and alpha written out
@@ -399,7 +407,7 @@ def test_dpace_loss_matches_a_per_chain_reference():
 
     ttt_module._loss_terms = spy
     try:
-        again = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace")
+        again = ttt_forward(draft, *batch[:4], teacher, **kwargs, step_weights="dpace", dpace_smoothing=0.3)
     finally:
         ttt_module._loss_terms = real
     assert again.loss.item() == pytest.approx(out.loss.item())
@@ -415,7 +423,9 @@ def test_dpace_loss_matches_a_per_chain_reference():
             b, t = where[r][0], where[r][1] - 1 - k
             reach, total = 1.0, 0.0
             for m in range(3):
-                reach *= alpha_at[m].get((b, t), 0.0)  # a step that does not count ends the chain
+                if (b, t) not in alpha_at[m]:
+                    continue  # a step that does not count: the product passes on, no term
+                reach *= 0.7 * alpha_at[m][(b, t)] + 0.3
                 total += reach if m >= k else 0.0
             w[i] = total
         weights.append(w)

@@ -349,6 +349,9 @@ class TrainConfig:
     loss: str = "kl"  # kl | tv | jsd | nla | lk (eagle3.draft.options.LOSSES)
     # decay = ttt_decay^k per step | dpace = per prediction, from its chain's acceptance (options.STEP_WEIGHTS)
     step_weights: str = "decay"
+    # dpace: each step's acceptance a enters as (1 - s) a + s, so a chain the draft still misses keeps
+    # weight on its later steps (speculators' --dpace-alpha, default 0.5; 0 = the raw derivative)
+    dpace_smoothing: float = 0.5
     # Gaussian noise on the captured states while training, std = this x each captured layer's
     # per-token RMS (0 = none): the draft reads its own drifting features at serving time.
     state_noise: float = 0.0

@@ -78,7 +78,8 @@ class DraftModule(L.LightningModule):
         return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
                            block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,
-                           loss=t.loss, step_weights=t.step_weights, **packed)
+                           loss=t.loss, step_weights=t.step_weights,
+                           dpace_smoothing=t.dpace_smoothing, **packed)
 
     def _step_metrics(self, out, prefix: str) -> dict[str, torch.Tensor]:
         metrics = {f"{prefix}/loss": out.loss.detach()}

@@ -133,6 +133,9 @@ def check_train(cfg: Eagle3Config, err: ConfigErrors) -> None:
     err.choice("train.teacher", tr.teacher, TEACHERS)
     err.choice("train.loss", tr.loss, LOSSES)
     err.choice("train.step_weights", tr.step_weights, STEP_WEIGHTS)
+    if not 0 <= tr.dpace_smoothing <= 1:
+        err.add("train.dpace_smoothing", tr.dpace_smoothing, "a step's acceptance a enters D-PACE as (1 - s) a + s",
+                "[0, 1]")
     if not 0 <= tr.state_noise < 10:
         err.add("train.state_noise", tr.state_noise, "noise std as a multiple of the states' RMS", "[0, 10)")
     err.choice("train.lr_schedule", tr.lr_schedule, LR_SCHEDULES)

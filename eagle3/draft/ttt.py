@@ -312,19 +312,23 @@ def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, ro
     return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss, want_alpha)
 
 
-def dpace_weights(alpha: torch.Tensor) -> torch.Tensor:
-    """`[K, B, T]` D-PACE weights from each step's alpha at each chain start (0 where nothing counts).
+def dpace_weights(alpha: torch.Tensor, counted: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
+    """`[K, B, T]` D-PACE weights from each step's alpha `[K, B, T]` at each chain start (b, t).
 
     The expected accepted length of the chain drafted from (b, t) is sum_m prod_{j<=m} a_j; its
-    derivative with respect to log a_k is sum_{m>=k} prod_{j<=m} a_j, the weight of step k.
+    derivative with respect to log a_k is sum_{m>=k} prod_{j<=m} a_j, the weight of step k. Each a_j
+    is smoothed to (1 - s) alpha_j + s, so a chain the draft still misses keeps weight on its later
+    steps; a step that does not count (`counted` false: past the sample, or a prompt token) passes
+    the product on unchanged and adds no term.
     """
-    reach = torch.cumprod(alpha, dim=0)  # [K, B, T] prod_{j<=m} a_j
-    return reach.flip(0).cumsum(0).flip(0)  # sum over m >= k
+    smooth = torch.where(counted, (1.0 - smoothing) * alpha + smoothing, torch.ones_like(alpha))
+    reach = torch.cumprod(smooth, dim=0) * counted  # [K, B, T] prod_{j<=m} a_j, at the steps that count
+    return reach.flip(0).cumsum(0).flip(0) * counted  # sum over m >= k
 
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
-                step_weights: str = STEP_WEIGHTS[0],
+                step_weights: str = STEP_WEIGHTS[0], dpace_smoothing: float = 0.0,
                 positions: torch.Tensor | None = None, segment_ends: torch.Tensor | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
@@ -406,22 +410,24 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)
     if dpace and chains:
-        losses = _dpace_losses(chains, bsz, seq)
+        losses = _dpace_losses(chains, bsz, seq, dpace_smoothing)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
                      loss_tokens=torch.stack(loss_tokens))
 
 
-def _dpace_losses(chains: list[tuple[torch.Tensor, ...]], bsz: int, seq: int) -> list[torch.Tensor]:
+def _dpace_losses(chains: list[tuple[torch.Tensor, ...]], bsz: int, seq: int, smoothing: float) -> list[torch.Tensor]:
     """Each step's D-PACE-weighted loss from its rows `(b, t, row_loss, alpha)`.
 
     Weights are relative to step 0's (their sum over step 0's rows is that step's loss-token count),
     so a step-0-only chain trains as plain KL would and the total keeps the scale of `decay`'s.
     """
     alpha = torch.zeros(len(chains), bsz, seq, device=chains[0][0].device)  # [K, B, T]
+    counted = torch.zeros(len(chains), bsz, seq, dtype=torch.bool, device=alpha.device)
     for k, (b_idx, t_idx, _, a) in enumerate(chains):
-        alpha[k, b_idx, t_idx] = a.detach().float()
-    weights = dpace_weights(alpha)
+        alpha[k, b_idx, t_idx] = a.detach().float()  # 0 at an out-of-vocab target: a miss
+        counted[k, b_idx, t_idx] = True
+    weights = dpace_weights(alpha, counted, smoothing)
     first = chains[0]
     scale = (first[3] > 0).sum().clamp(min=1) / weights[0, first[0], first[1]].sum().clamp_min(ALPHA_FLOOR)
     losses = []
