@@ -34,7 +34,8 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 @functools.cache
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bf16 in hardware, where bf16 matmuls run ~4-5x faster than fp32
-    (measured: BENCHMARKS.md "A faster training step"); elsewhere oneDNN emulates them, slower than fp32.
+    (measured: BENCHMARKS.md "Throughput of one training step"); elsewhere oneDNN emulates them, slower
+    than fp32.
     False where the flags cannot be read (not Linux)."""
     try:
         with open(cpuinfo) as fh:

@@ -37,7 +37,7 @@ VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGL
 #: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
 #: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
 #: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
-#: "Defaults that carry"); SGLang does not serve norm_before_residual, so its drafts keep the plain layer.
+#: "Draft recipe ablations"); SGLang does not serve norm_before_residual, so its drafts keep the plain layer.
 SERVING_LAYER = {VLLM: ("norm_before_residual",), IN_PROCESS: ("norm_before_residual",), SGLANG: ()}
 #: The most decoder layers (`model.draft.num_layers`) each engine's EAGLE-3 draft model builds
 #: (None: any number). SGLang's llama_eagle3.py raises "EAGLE3 currently only supports 1 layer"
@@ -61,7 +61,8 @@ CPU_PROFILE, SM120_PROFILE = "cpu", "sm120"
 #: Profile cpu: each engine's own venv in the project root (scripts/setup_<engine>_cpu.sh makes it) and
 #: the dtype it generates in (conf/server/cpu.yaml reads both). vLLM's CPU build generates in bf16 (its
 #: fast path: 1,208 tok/s on the demo against 888 in fp32); SGLang's plain-torch CPU path in fp32, the
-#: demo target's own (bf16 is no faster there: 490 against 518 tok/s; BENCHMARKS.md, issue 39).
+#: demo target's own (bf16 is no faster there: 490 against 518 tok/s; BENCHMARKS.md, "Generation
+#: throughput per backend").
 CPU_ENGINE_VENVS = {VLLM: ".vllm-venv", SGLANG: ".sglang-venv"}
 CPU_ENGINE_DTYPES = {VLLM: "bfloat16", SGLANG: "float32"}
 #: SGLang's CPU engine (docs/design.md, 'Facts: SGLang'): without SGLANG_USE_CPU_ENGINE=1 `--device

@@ -28,6 +28,21 @@ class Eagle3Error(RuntimeError):
     exit_code = EXIT_STAGE_ERROR
 
 
+class MissingInput(Eagle3Error):
+    """A stage's input is not there yet; the message says which stage to run.
+
+    Attributes:
+        stage: Name of the stage whose output is missing, when `require` raised it (None
+            otherwise), so `stage=plan` can say "after <stage>" without parsing the message.
+        unit: The unit of that stage.
+    """
+
+    def __init__(self, message: str, stage: Optional[str] = None, unit: Optional[str] = None):
+        super().__init__(message)
+        self.stage = stage
+        self.unit = unit
+
+
 class NothingKept(Eagle3Error):
     """A stage kept none of a unit's input: every record rejected, or none there to read.
 

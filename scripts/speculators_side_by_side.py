@@ -196,7 +196,7 @@ def convert(checkpoint: Path, target: str, out: Path) -> Path:
     from eagle3.draft.export import export_draft
     from eagle3.draft.geometry import geometry_from_target
     from eagle3.draft.model import Eagle3Draft
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
     from eagle3.target_info import read_config
 
     cfg = json.loads((checkpoint / "config.json").read_text())
@@ -223,7 +223,7 @@ def check_conversion(checkpoint: Path, export: Path, data: Path, steps: int, pyt
 
     from eagle3.draft.attention import TTTAttention
     from eagle3.draft.export import load_exported
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     info = json.loads((data / "prepared.json").read_text())
     from safetensors.torch import load_file

@@ -14,9 +14,9 @@ import torch
 
 from eagle3.draft.batching import collate_padded
 from eagle3.draft.ttt import teacher_from_topk, teacher_targets
-from eagle3.extract import codec, formats
-from eagle3.extract.dataset import HiddenStateDataset
-from eagle3.extract.store import HiddenStateStore
+from eagle3.states import codec, formats
+from eagle3.states.dataset import HiddenStateDataset
+from eagle3.states.store import HiddenStateStore
 
 # The tiny saved Llama and the merge stand-in of the extract tests (their fixtures, reused).
 from tests.test_extract_stage import (  # noqa: F401
@@ -177,7 +177,7 @@ def test_the_trainer_scores_a_compact_batch_as_it_scores_the_exact_one(peaked_ta
     from eagle3.config.schema import TrainConfig
     from eagle3.draft.geometry import geometry_from_target
     from eagle3.draft.lightning_module import DraftModule
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     records = make_records(12, seed=5)
     batches, stores = {}, {}

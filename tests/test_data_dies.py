@@ -146,7 +146,7 @@ def test_the_next_stage_and_the_plan_say_the_unit_stopped_not_that_it_never_ran(
     with pytest.raises(MissingInput, match=f"its last run kept none of its input \\(every reject with its reason: "
                        f"{stopped / 'rejects.jsonl'}\\); fix that, then rerun stage=prep"):
         GENERATE(cfg, ctx)  # stage=generate alone: no server is launched for it
-    row, _ = locate(ConfigChain(cfg, ctx), PREP, "bad")
+    row, _ = locate(ConfigChain(cfg, ctx), "prep", "bad")
     assert row.status == "stopped" and "a rerun starts it over" in row.notes[0]
 
 

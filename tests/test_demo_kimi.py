@@ -18,8 +18,8 @@ import torch
 from safetensors import safe_open
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.extract.store import HiddenStateStore
 from eagle3.serving.benchmark import outputs_match
+from eagle3.states.store import HiddenStateStore
 from tests.conftest import SMALL_DEMO_DATA, run_cli, unit_dirs
 from tests.emitted_ids import assert_trained_on_emitted_ids
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python

@@ -13,7 +13,7 @@ from torch import nn
 
 import eagle3
 from eagle3.extract.capture import LayerCapture, capture_samples, pad_batch, plan_batches
-from eagle3.extract.target import find_decoder, load_target
+from eagle3.target.decoder import find_decoder, load_target
 from eagle3.target_info import FULL_HASH_LIMIT, target_identity
 
 DEMO_TARGET = Path(eagle3.__file__).parent / "assets" / "demo_target"

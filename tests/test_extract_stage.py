@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 
-import eagle3.extract.target as extract_target
-import eagle3.extract.writer as writer_mod
 import eagle3.stages.extract as extract_stage
+import eagle3.states.writer as writer_mod
+import eagle3.target.decoder as extract_target
 from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
 from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
-from eagle3.extract.dataset import HiddenStateDataset, StatesNotStored
 from eagle3.extract.preflight import DiskSpaceError
-from eagle3.extract.store import HiddenStateStore, ShardCorrupt, StoreMissing
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages import check_config
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.stages.merge import MERGE
+from eagle3.states.dataset import HiddenStateDataset, StatesNotStored
+from eagle3.states.store import HiddenStateStore, ShardCorrupt, StoreMissing
 from tests.conftest import HANG_GUARD_S, compose_config
 
 CAPTURE = [1, 2, 3]
@@ -199,7 +199,7 @@ SCRIPT = """
 import sys, time
 from pathlib import Path
 import torch
-import eagle3.extract.writer as st
+import eagle3.states.writer as st
 import eagle3.stages.extract as ex
 from eagle3.stages.base import StageContext
 from tests.conftest import compose_config

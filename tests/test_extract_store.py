@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.extract import codec, formats
-from eagle3.extract.dataset import AlignmentError, HiddenStateDataset, StatesNotStored
 from eagle3.extract.preflight import DiskSpaceError, check_disk, estimate, plan_report
-from eagle3.extract.store import HiddenStateStore, StoreSpec, shard_of
-from eagle3.extract.writer import DiskFull, StoreWriter
+from eagle3.states import codec, formats
+from eagle3.states.dataset import AlignmentError, HiddenStateDataset, StatesNotStored
+from eagle3.states.store import HiddenStateStore, StoreSpec, shard_of
+from eagle3.states.writer import DiskFull, StoreWriter
 
 H = 32
 SPEC = StoreSpec(model="toy", target={"hub_id": "toy", "revision": "main", "dtype": "float32"},
@@ -190,7 +190,7 @@ def test_dataset_reads_aligned_samples_and_fails_loudly_on_mismatch(tmp_path):
 
 
 def test_shard_sha256_is_indexed_and_a_flipped_byte_is_refused_on_first_open(tmp_path, monkeypatch):
-    import eagle3.extract.store as store_mod
+    import eagle3.states.store as store_mod
     from eagle3.artifacts import file_sha256
     from eagle3.errors import Eagle3Error
 

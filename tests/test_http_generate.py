@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.config.convert import to_settings
+from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.factory import make_backend
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.openai_chat import (

@@ -189,7 +189,7 @@ def test_unfinished_output_is_reported_running_and_plan_is_standalone(tmp_path):
     ctx = StageContext(root=tmp_path, run_dir=tmp_path / "run")
     out = StageOutput.open(tmp_path, "demo_data", "demo_prompts", DEMO_DATA.unit_config(cfg, "demo_prompts"))
     out.close()  # a started, never finalized run (as a kill leaves it)
-    row, manifest = locate(ConfigChain(cfg, ctx), DEMO_DATA, "demo_prompts")
+    row, manifest = locate(ConfigChain(cfg, ctx), "demo_data", "demo_prompts")
     assert row.status == "running" and manifest is None and row.output == out.dir
     assert "plan" in [s.name for s in STANDALONE]
     assert "plan" not in [s.name for s in stages_to_run("all")]

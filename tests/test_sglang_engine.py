@@ -33,8 +33,8 @@ import torch
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_STAGE_ERROR
-from eagle3.extract.store import HiddenStateStore
 from eagle3.paths import asset_path
+from eagle3.states.store import HiddenStateStore
 from tests.conftest import HANG_GUARD_S, RUN_PY, SMALL_DEMO_DATA, run_cli, unit_dirs
 from tests.sglang_env import sglang_python
 from tests.vllm_env import assert_stopped, free_port

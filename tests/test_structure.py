@@ -1,6 +1,6 @@
-"""The package's shape: every module imports on its own, the import graph has no cycle and goes down the
-layers of docs/design.md, modules stay small enough to read, and the one-place rules (one lock, one HTTP
-layer, loggers by class) hold."""
+"""The package's shape: every module imports on its own, the import graph has no cycle, no two packages
+import each other (directly or round a loop), imports go down the floors of docs/design.md, modules stay
+small enough to read, and the one-place rules (one lock, one HTTP layer, loggers by class) hold."""
 
 from __future__ import annotations
 
@@ -139,13 +139,49 @@ def test_every_part_of_the_package_has_one_layer():
         < rank["eagle3.cli"]
 
 
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, tuple[int, str]]) -> list[str]:
+    """Every import of a module from a part on a higher floor, as one readable line each."""
+    return [f"{name} ({layers[part_of(name)][1]}) imports {target} ({layers[part_of(target)][1]})"
+            for name, targets in sorted(graph.items()) for target in sorted(targets)
+            if layers[part_of(target)][0] > layers[part_of(name)][0]]
+
+
+def part_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph seen between parts (`eagle3.draft`, `eagle3.errors`, ...): a loop here is two
+    packages that need each other, even where no single module cycle shows it."""
+    parts: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        edges = parts.setdefault(part_of(name), set())
+        edges.update(part_of(t) for t in targets if part_of(t) != part_of(name))
+    for edges in list(parts.values()):
+        for target in edges:
+            parts.setdefault(target, set())
+    return parts
+
+
 def test_imports_go_down_the_layers():
-    """No module imports a part of a higher layer (imports inside functions count: they run too)."""
-    layers = import_layers()
-    upward = [f"{name} ({layers[part_of(name)][1]}) imports {target} ({layers[part_of(target)][1]})"
-              for name, targets in sorted(import_graph().items()) for target in sorted(targets)
-              if layers[part_of(target)][0] > layers[part_of(name)][0]]
+    """No module imports a part of a higher floor (imports inside functions count: they run too)."""
+    upward = upward_imports(import_graph(), import_layers())
     assert upward == [], "\n".join(upward)
+
+
+def test_no_two_packages_import_each_other():
+    loop = find_cycle(part_graph(import_graph()))
+    assert loop == [], " -> ".join(loop)
+
+
+def test_the_floor_checks_catch_an_upward_import_and_a_package_loop():
+    """The two checks above on a made-up package: they can fail."""
+    layers = {"eagle3.draft": (6, "draft"), "eagle3.states": (5, "states"), "eagle3.tracking": (7, "reports")}
+    graph = {"eagle3.draft.fit": {"eagle3.tracking", "eagle3.states.dataset"},
+             "eagle3.states.dataset": {"eagle3.draft.geometry"}, "eagle3.draft.geometry": set(),
+             "eagle3.tracking": set()}
+    assert upward_imports(graph, layers) == [
+        "eagle3.draft.fit (draft) imports eagle3.tracking (reports)",
+        "eagle3.states.dataset (states) imports eagle3.draft.geometry (draft)"]
+    assert find_cycle(part_graph(graph)) == ["eagle3.draft", "eagle3.states", "eagle3.draft"]
+    del graph["eagle3.states.dataset"]
+    assert find_cycle(part_graph(graph)) == []
 
 
 def test_config_imports_no_domain_package():
@@ -339,7 +375,7 @@ NOT_USER_FACING = {
     "eagle3.generation.http_backend._Failure": "private",
     "eagle3.serving.watchdog._Terminated": "private",
     # A full disk: an OSError(ENOSPC), which the handler recognises as one (eagle3.errors.no_space_cause).
-    "eagle3.extract.writer.DiskFull": "full disk",
+    "eagle3.states.writer.DiskFull": "full disk",
     # Our bug, not the user's: the traceback is what to report.
     "eagle3.artifacts.manifest.CountsMismatch": "bug",
     "eagle3.draft.evaluate.LossyDecoding": "bug",

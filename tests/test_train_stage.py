@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from eagle3.artifacts import Manifest
 from eagle3.draft.export import capture_layers_of, validate_export
-from eagle3.extract import formats
-from eagle3.extract.store import HiddenStateStore
 from eagle3.layer_ids import engine_aux_layer_ids
+from eagle3.states import formats
+from eagle3.states.store import HiddenStateStore
 from tests.conftest import HANG_GUARD_S, RUN_PY, SMALL_DEMO_DATA, run_cli
 from tests.wandb_records import read_run
 
@@ -327,7 +327,7 @@ def test_packed_rows_train_every_sample_once_per_epoch_in_fewer_steps(chain_root
     every sample token once per epoch, nothing padded, in one step per packed row."""
     from eagle3.draft.batching import plan_token_batches
     from eagle3.draft.packing import pack_rows
-    from eagle3.extract.dataset import HiddenStateDataset
+    from eagle3.states.dataset import HiddenStateDataset
 
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
     done = train_cli(chain_root, "train.max_epochs=2", "train.packing=true")

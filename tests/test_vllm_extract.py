@@ -16,7 +16,7 @@ import torch
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.extract.sources import INCOMING_DIR
-from eagle3.extract.store import HiddenStateStore
+from eagle3.states.store import HiddenStateStore
 from tests.conftest import SMALL_DEMO_DATA, run_cli
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 

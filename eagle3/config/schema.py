@@ -292,7 +292,7 @@ class ExtractConfig:
     # extract_hidden_states method; sglang = an SGLang server with eagle3's capture plugin
     # (extract.server: launched for the job, or running at its urls).
     backend: str = "hf"
-    storage_format: str = "bf16"  # eagle3.extract.formats.FORMATS (compact: int8 captures, the teacher's top k)
+    storage_format: str = "bf16"  # eagle3.states.formats.FORMATS (compact: int8 captures, the teacher's top k)
     batch_tokens: int = 8192
     shard: int = 0
     num_shards: int = 1
@@ -320,7 +320,8 @@ class OptimizerConfig:
     """Instantiated with hydra.utils.instantiate (swap the class via _target_) on the draft's
     named parameters. The default, eagle3.draft.optim.MuonAdamW (Muon on the weight matrices,
     AdamW on norms and lm_head), beat AdamW by 4.5% in simulated accept length at K=3 on the demo
-    (2 seeds, BENCHMARKS.md "Draft quality against speculators"); torch.optim.AdamW is the other."""
+    (2 seeds, docs/benchmarks-log.md "Draft quality against speculators"; today's recipe on two targets:
+    BENCHMARKS.md "Draft recipe ablations"); torch.optim.AdamW is the other."""
 
     _target_: str = "eagle3.draft.optim.MuonAdamW"
     lr: float = 3e-4
@@ -336,7 +337,7 @@ class TrainConfig:
     # online = compute each batch's states from the target while training (extract.backend: hf in
     # this process, or a vllm/sglang server), nothing stored: no disk, but the target runs every epoch.
     # hybrid = online the first time a sample is fetched, written to the store extract would fill
-    # (extract.storage_format), read from it afterwards (eagle3.extract.hybrid).
+    # (extract.storage_format), read from it afterwards (eagle3.states.hybrid).
     hidden_states: str = "store"
     # hybrid: the store's size cap in GB (decimal); samples past it are computed every epoch. null = no cap.
     hybrid_store_gb: Optional[float] = None

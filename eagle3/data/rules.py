@@ -15,7 +15,6 @@ from eagle3.data.conversation import TRACKS
 from eagle3.data.detect import files_sources
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import ANSWER_IDS, OVERLENGTH_POLICIES
-from eagle3.demo.datasets import GENERATORS
 
 
 def check_dataset(cfg: Eagle3Config, err: ConfigErrors) -> None:
@@ -46,8 +45,6 @@ def _check_dataset(dataset: DatasetConfig, err: ConfigErrors) -> None:
         if len(origins) != 1:
             err.add(key, origins, "needs exactly one origin",
                     "one of hub_id, data_files, generator")
-        if src.generator is not None:
-            err.choice(f"{key}.generator", src.generator, GENERATORS)
         for path in src.data_files or []:
             if not Path(path).exists():
                 err.add(f"{key}.data_files", path, "file not found", "local json/jsonl/parquet files")

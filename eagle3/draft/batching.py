@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from eagle3.draft.packing import collate_packed, pack_rows, sample_keys
 
 if TYPE_CHECKING:
-    from eagle3.extract.dataset import SplitDataset
+    from eagle3.states.dataset import SplitDataset
 
 
 def plan_token_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:

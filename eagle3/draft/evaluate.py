@@ -22,7 +22,7 @@ from eagle3.draft.acceptance import simulated_accept_length
 from eagle3.draft.batching import collate_padded, fetch, plan_token_batches
 
 if TYPE_CHECKING:
-    from eagle3.extract.dataset import SplitDataset
+    from eagle3.states.dataset import SplitDataset
 
 __all__ = ["LossyDecoding", "evaluate_pooled", "load_eval_draft", "real_acceptance", "simulated_acceptance"]
 
@@ -39,7 +39,7 @@ def load_eval_draft(export_dir: Path, target_path: str, *, revision: Optional[st
     here in float32 on the CPU.
     """
     from eagle3.draft.export import load_exported
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     geometry, _, draft = load_exported(export_dir)
     embed, head = load_embedding_and_head(target_path, revision=revision, cache_dir=cache_dir,

@@ -67,15 +67,15 @@ def resolve_precision(precision: str, accelerator: str = "auto") -> str:
     return "bf16-mixed" if cpu_has_native_bf16() else "32-true"
 
 
-def build_trainer(config: Eagle3Config, run_dir: Path, unit_dir: Path, data_callbacks: Sequence[Any] = ()):
+def build_trainer(config: Eagle3Config, loggers: Sequence[Any], unit_dir: Path, data_callbacks: Sequence[Any] = ()):
     """The Lightning Trainer of one train unit: the one place `train.*` meets Lightning.
 
     Callbacks: `data_callbacks` (the data position a resumed run restarts from), the fit summary
     stage train reads back (`FIT_SUMMARY`), checkpoints every `train.checkpoint_every_n_steps`
     steps and `last.ckpt` (written atomically), progress lines when no terminal watches, and the
-    LR monitor when there is a logger. Loggers: the job's (`eagle3.tracking.job_loggers`), shared
-    with the stages that log reports into the same run after training; the W&B run records the
-    whole config, which is why this takes all of it rather than `train` alone.
+    LR monitor when there is a logger. `loggers` are the job's, built by the stage (the tracking
+    layer sits above this package), shared with the stages that log reports into the same run after
+    training.
     """
     import lightning as L
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -83,11 +83,10 @@ def build_trainer(config: Eagle3Config, run_dir: Path, unit_dir: Path, data_call
     from eagle3.draft.batching import FitSummaryCallback
     from eagle3.draft.checkpoint_io import AtomicCheckpointIO
     from eagle3.draft.progress import ProgressLines, interactive, quiet_lightning
-    from eagle3.tracking import job_loggers
 
     quiet_lightning()
     t = config.train
-    loggers = job_loggers(config, run_dir)
+    loggers = list(loggers)
     ckpt_dir = unit_dir / CHECKPOINT_DIR
     every = t.checkpoint_every_n_steps
     checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), filename="step{step}", auto_insert_metric_name=False,
@@ -132,8 +131,8 @@ def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any]
     split of the `merged` input, its states computed per batch; with `hybrid` (the store's
     `HybridStateDataset` arguments) computed once and stored."""
     from eagle3.data.mixture import SPLIT_FILES
-    from eagle3.extract.dataset import HiddenStateDataset, OnlineStateDataset
-    from eagle3.extract.hybrid import HybridStateDataset
+    from eagle3.states.dataset import HiddenStateDataset, OnlineStateDataset
+    from eagle3.states.hybrid import HybridStateDataset
 
     if make_source is None:
         return HiddenStateDataset.from_manifests(inputs["extract"], split, dtype=torch.float32)
@@ -150,7 +149,7 @@ def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None,
 
 
 def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],
-              unit_dir: Path, run_dir: Path) -> FitResult:
+              unit_dir: Path, loggers: Sequence[Any]) -> FitResult:
     """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
 
     Args:
@@ -158,13 +157,14 @@ def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: t
         train_set, eval_set: The splits (`training_sets`: stored or online states).
         vocab_maps: `(d2t, t2d)` of the vocab stage (`load_vocab_maps`).
         unit_dir: The train unit directory (checkpoints and the fit summary go there).
-        run_dir: The job's run directory (its loggers).
+        loggers: The job's experiment loggers (`eagle3.tracking.job_loggers`), shared with the stages
+            that log reports into the same run after training.
     """
     import lightning as L
 
     from eagle3.draft.batching import DraftDataModule
     from eagle3.draft.lightning_module import DraftModule
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     m, t = config.model, config.train
     L.seed_everything(config.seed, workers=True, verbose=False)
@@ -175,7 +175,7 @@ def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: t
     module = DraftModule(geometry, head, t, embed=embed, d2t=d2t, t2d=t2d)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=t.batch_tokens,
                            seed=config.seed, num_workers=t.num_workers, packing=t.packing)
-    trainer = build_trainer(config, run_dir, unit_dir, [data.position_callback()])
+    trainer = build_trainer(config, loggers, unit_dir, [data.position_callback()])
     ckpt_dir = unit_dir / CHECKPOINT_DIR
     resume, resumed_at = resume_point(ckpt_dir)
     if resume is not None:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from eagle3.extract.target import DecoderParts
+from eagle3.target.decoder import DecoderParts
 
 
 class LayerCapture:

@@ -18,7 +18,7 @@ from typing import Optional
 
 from eagle3.artifacts import format_bytes
 from eagle3.errors import NoSpaceLeft
-from eagle3.extract import formats
+from eagle3.states import formats
 
 GB = 1_000_000_000
 

@@ -9,8 +9,8 @@ from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import Eagle3Config
 from eagle3.engines import ENGINES
 from eagle3.extract import BACKENDS as EXTRACT_BACKENDS
-from eagle3.extract.formats import FORMATS as STORAGE_FORMATS
 from eagle3.serving.rules import check_server
+from eagle3.states.formats import FORMATS as STORAGE_FORMATS
 
 
 def check_extract(cfg: Eagle3Config, err: ConfigErrors) -> None:

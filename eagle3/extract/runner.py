@@ -30,11 +30,11 @@ import torch
 
 from eagle3.artifacts import StageOutput, read_jsonl
 from eagle3.data.mixture import SPLIT_FILES
-from eagle3.extract import codec, formats
 from eagle3.extract.capture import plan_batches
 from eagle3.extract.preflight import check_disk, estimate
-from eagle3.extract.store import HiddenStateStore, StoreSpec, job_name, shard_of
-from eagle3.extract.writer import StoreWriter
+from eagle3.states import codec, formats
+from eagle3.states.store import HiddenStateStore, StoreSpec, job_name, shard_of
+from eagle3.states.writer import StoreWriter
 
 log = logging.getLogger("eagle3")
 KEYS_FILE = "keys.jsonl"

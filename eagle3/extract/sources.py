@@ -33,7 +33,7 @@ import torch
 
 from eagle3.engines import IN_PROCESS, SGLANG, VLLM
 from eagle3.extract.capture import LayerCapture, capture_samples
-from eagle3.extract.target import DecoderParts
+from eagle3.target.decoder import DecoderParts
 
 if TYPE_CHECKING:
     from eagle3.config.schema import Eagle3Config, ExtractConfig, ModelConfig
@@ -107,7 +107,7 @@ class HFStates:
 
 def load_hf_target(cfg: Eagle3Config) -> DecoderParts:
     """The configured target, loaded with transformers and checked against `model.*`."""
-    from eagle3.extract.target import check_geometry, load_target
+    from eagle3.target.decoder import check_geometry, load_target
 
     m = cfg.model
     parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code,
@@ -252,8 +252,8 @@ def _server_client(cfg: Eagle3Config) -> Callable[[list[str]], StateSource]:
 
         return functools.partial(SGLangStates, settings=settings, n_capture=len(m.capture_layers),
                                  hidden_size=int(m.hidden_size))
-    from eagle3.draft.target_weights import load_final_norm
     from eagle3.extract.vllm_client import VLLMStates
+    from eagle3.target.weights import load_final_norm
 
     norm = load_final_norm(m.path, revision=m.revision, cache_dir=cfg.paths.hf_cache, text_config_key=m.text_config_key)
     return functools.partial(VLLMStates, settings=settings, n_capture=len(m.capture_layers), final_norm=norm)

@@ -15,10 +15,10 @@ from typing import Any
 
 from eagle3.artifacts import StageOutput, read_jsonl
 from eagle3.errors import Eagle3Error
-from eagle3.extract import formats
 from eagle3.extract.runner import KEYS_FILE, UnitJob
-from eagle3.extract.store import STORE_FILE, HiddenStateStore, job_name
 from eagle3.layer_ids import ENGINES, engine_aux_layer_ids
+from eagle3.states import formats
+from eagle3.states.store import STORE_FILE, HiddenStateStore, job_name
 
 __all__ = ["lost_samples", "unit_summary"]
 

@@ -83,8 +83,8 @@ class VLLMStates(ServerStates):
             path.unlink(missing_ok=True)
 
     def _convert(self, ids: list[int], data: dict[str, torch.Tensor], path: str) -> States:
-        from eagle3.draft.target_weights import rms_norm
         from eagle3.extract.vllm_connector import HIDDEN_STATES_KEY, TOKEN_IDS_KEY
+        from eagle3.target.weights import rms_norm
 
         states, token_ids = data.get(HIDDEN_STATES_KEY), data.get(TOKEN_IDS_KEY)
         if states is None or token_ids is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_RUNNING, STATUS_STOPPED, Manifest
 from eagle3.config.schema import DatasetSourceConfig, Eagle3Config
@@ -26,14 +26,11 @@ from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.draft.geometry import MLA_FIELDS, config_geometry
 from eagle3.draft.options import ONLINE
 from eagle3.draft.shapes import draft_cost
+from eagle3.errors import MissingInput
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.view import ChainView
-from eagle3.stages.base import MissingInput
 from eagle3.target_info import target_config
-
-if TYPE_CHECKING:
-    from eagle3.stages.base import UnitStage
 
 __all__ = ["FORMAT_VERSION", "ChainView", "Planner", "UnitPlan", "build_plan"]
 
@@ -81,7 +78,7 @@ def _origin(src: DatasetSourceConfig) -> str:
     return "files " + ", ".join(str(p) for p in src.data_files or [])
 
 
-def locate(chain: ChainView, stage: UnitStage, unit: str) -> tuple[UnitPlan, Optional[Manifest]]:
+def locate(chain: ChainView, stage: str, unit: str) -> tuple[UnitPlan, Optional[Manifest]]:
     """Where a unit's output is and whether it is there, without creating anything.
 
     `UnitStage.locate` gives the directory; `unit_inputs` is asked as well (it is what locate
@@ -92,9 +89,9 @@ def locate(chain: ChainView, stage: UnitStage, unit: str) -> tuple[UnitPlan, Opt
         inputs = chain.unit_inputs(stage, unit)
         where, manifest = chain.locate(stage, unit)
     except MissingInput as exc:
-        return UnitPlan(stage.name, unit, "missing", after=exc.stage or "an upstream stage", after_unit=exc.unit,
+        return UnitPlan(stage, unit, "missing", after=exc.stage or "an upstream stage", after_unit=exc.unit,
                         notes=[str(exc)]), None
-    row = UnitPlan(stage.name, unit, "complete" if manifest else "missing", output=where,
+    row = UnitPlan(stage, unit, "complete" if manifest else "missing", output=where,
                    inputs={k: str(m.dir) for k, m in inputs.items()})
     if manifest is None and (where / MANIFEST_NAME).is_file():
         # locate read this manifest and it is not complete: a run started and has not finished, or
@@ -356,8 +353,8 @@ def _disk(config: Eagle3Config, planner: Planner) -> dict[str, Any]:
 def _assumptions(config: Eagle3Config, planner: Planner, rows: dict[str, list[UnitPlan]]) -> list[str]:
     """The assumptions behind the figures that are not measured, with the numbers used."""
     from eagle3.draft.geometry import config_refusals
-    from eagle3.extract import formats
     from eagle3.layer_ids import ENGINES
+    from eagle3.states import formats
 
     m, gen, ex, data = config.model, config.generate, config.extract, config.data
     n_capture, hidden = len(m.capture_layers), m.hidden_size
@@ -382,7 +379,7 @@ def _assumptions(config: Eagle3Config, planner: Planner, rows: dict[str, list[Un
                      "conversation; most prompts have one turn")
     per = ", ".join(f"{f} {b:,} B/token" for f, b in bpt.items())
     lines.append(f"store bytes = tokens x bytes/token + {formats.SAMPLE_OVERHEAD_BYTES:,} B per sample "
-                 f"(eagle3.extract.formats / preflight, as extract's own preflight): {per} for hidden "
+                 f"(eagle3.states.formats / preflight, as extract's own preflight): {per} for hidden "
                  f"{hidden:,} x ({n_capture} captured layers + the final state); samples another mix already "
                  "put in the shared, content-keyed store are not subtracted")
     lines.append(f"disk: free space of the store root's filesystem (or extract.assume_free_bytes) minus "
@@ -412,20 +409,17 @@ def build_plan(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, 
     """
     from eagle3.planning.modes import hidden_state_modes
     from eagle3.planning.predicted_tau import predicted_tau
-    from eagle3.stages import CHAIN
 
     planner = Planner(config, chain)
     rows: dict[str, list[UnitPlan]] = {}
     stages = []
-    for entry in CHAIN:
-        stage = entry.load()
-        rows[stage.name] = []
-        for unit in chain.units(stage):
-            row, manifest = locate(chain, stage, unit)
-            getattr(planner, stage.name)(row, manifest)
-            rows[stage.name].append(row)
-        stages.append({"stage": stage.name, "help": stage.help,
-                       "units": [r.to_dict() for r in rows[stage.name]]})
+    for name, help_line in chain.stages():
+        rows[name] = []
+        for unit in chain.units(name):
+            row, manifest = locate(chain, name, unit)
+            getattr(planner, name)(row, manifest)
+            rows[name].append(row)
+        stages.append({"stage": name, "help": help_line, "units": [r.to_dict() for r in rows[name]]})
     if not planner.store:  # online training: no extract unit, but the store it avoids is still shown
         planner.plan_store(None)
     train = planner.mix.get("train_samples")

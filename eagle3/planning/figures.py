@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from eagle3.extract import formats, preflight
+from eagle3.extract import preflight
+from eagle3.states import formats
 
 # Strongest first: a sum is as weak as its weakest part.
 BASES = ("actual", "config", "bound", "estimate", "assumed", "unknown")

@@ -15,20 +15,18 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
 from eagle3.config.schema import Eagle3Config
 from eagle3.draft.geometry import fingerprinted_draft
 from eagle3.draft.options import HIDDEN_STATE_MODES, HYBRID, ONLINE, STORE
 from eagle3.engines import IN_PROCESS
+from eagle3.errors import MissingInput
 from eagle3.planning import figures
 from eagle3.planning.figures import Figure
 from eagle3.planning.forwards import forward_passes
 from eagle3.planning.view import ChainView
-
-if TYPE_CHECKING:
-    from eagle3.stages.base import UnitStage
 
 __all__ = ["hidden_state_modes"]
 
@@ -120,9 +118,7 @@ def _serial_rate(a: Optional[Figure], b: Optional[Figure]) -> Optional[Figure]:
                   f"target forward ({a.value:,} tok/s) then draft step ({b.value:,} tok/s) per token, not overlapped")
 
 
-def _unit_dir(stage: UnitStage, chain: ChainView) -> Optional[Path]:
-    from eagle3.stages.base import MissingInput
-
+def _unit_dir(stage: str, chain: ChainView) -> Optional[Path]:
     units = chain.units(stage)
     if not units:
         return None
@@ -140,9 +136,6 @@ def hidden_state_modes(config: Eagle3Config, chain: ChainView, mix: dict[str, Fi
         mix, store: The plan's figures of the mixture and the store (`Planner.mix`, `Planner.store`).
         root: The artifact root, whose earlier manifests measured the rates.
     """
-    from eagle3.stages.extract import EXTRACT
-    from eagle3.stages.train import TRAIN
-
     tr = config.train
     backend = config.extract.backend
     train_epochs = figures.token_epochs(mix["train_tokens"], tr.max_epochs, tr.max_steps)
@@ -151,9 +144,9 @@ def hidden_state_modes(config: Eagle3Config, chain: ChainView, mix: dict[str, Fi
     rates = _Rates(config, root, chain.states_identity())
     # The units each mode would use (train's fingerprints differ by mode; only store mode extracts).
     modes_chain = {mode: chain.in_mode(mode) for mode in HIDDEN_STATE_MODES}
-    extract_rate = rates.extract(backend, _unit_dir(EXTRACT, modes_chain[STORE]))
-    store_train_rate = rates.train(STORE, _unit_dir(TRAIN, modes_chain[STORE]))
-    online_train_rate = (rates.train(ONLINE, _unit_dir(TRAIN, modes_chain[ONLINE]))
+    extract_rate = rates.extract(backend, _unit_dir("extract", modes_chain[STORE]))
+    store_train_rate = rates.train(STORE, _unit_dir("train", modes_chain[STORE]))
+    online_train_rate = (rates.train(ONLINE, _unit_dir("train", modes_chain[ONLINE]))
                          or _serial_rate(extract_rate, store_train_rate))
 
     configured_fmt = store["configured"]
@@ -173,7 +166,7 @@ def hidden_state_modes(config: Eagle3Config, chain: ChainView, mix: dict[str, Fi
                                "total": figures.total([extract_s, train_s], "extract + train")}
         elif mode == HYBRID:
             entry["bytes_stored"] = _capped(store["bytes"][configured_fmt], tr.hybrid_store_gb)
-            entry["train_tokens_per_s"] = rates.train(HYBRID, _unit_dir(TRAIN, modes_chain[HYBRID]))
+            entry["train_tokens_per_s"] = rates.train(HYBRID, _unit_dir("train", modes_chain[HYBRID]))
             # Epoch 1 computes (online's rate), the later epochs read (store mode's rate).
             first = _seconds(mix["train_tokens"], online_train_rate, "epoch 1: train tokens / online train tokens/s")
             rest_tokens = figures.derive(None if train_epochs.value is None or mix["train_tokens"].value is None

@@ -8,28 +8,33 @@ config) and derives every figure from the typed config (`Eagle3Config`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from eagle3.artifacts import Manifest
-
-if TYPE_CHECKING:  # the stages implement this view; the plan never imports them for it
-    from eagle3.stages.base import UnitStage
 
 __all__ = ["ChainView"]
 
 
 class ChainView(Protocol):
-    """The stages' answers for one config: units, their directories, the hidden-state store."""
+    """The stages' answers for one config: units, their directories, the hidden-state store.
 
-    def units(self, stage: UnitStage) -> list[str]:
-        """The units `stage` runs for this config."""
+    Stages are named (`stage=<name>`), never passed: the stages implement this view over their
+    registry, and the plan sits below them (it imports no stage module).
+    """
+
+    def stages(self) -> list[tuple[str, str]]:
+        """The chain's stages in the order `stage=all` runs them, as (name, one-line help)."""
         ...
 
-    def unit_inputs(self, stage: UnitStage, unit: str) -> dict[str, Manifest]:
-        """A unit's complete inputs (`UnitStage.unit_inputs`; raises MissingInput)."""
+    def units(self, stage: str) -> list[str]:
+        """The units stage `stage` runs for this config."""
         ...
 
-    def locate(self, stage: UnitStage, unit: str) -> tuple[Path, Optional[Manifest]]:
+    def unit_inputs(self, stage: str, unit: str) -> dict[str, Manifest]:
+        """A unit's complete inputs (`UnitStage.unit_inputs`; raises eagle3.errors.MissingInput)."""
+        ...
+
+    def locate(self, stage: str, unit: str) -> tuple[Path, Optional[Manifest]]:
         """A unit's directory and its manifest if complete (`UnitStage.locate`; raises MissingInput)."""
         ...
 

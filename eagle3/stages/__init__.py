@@ -83,6 +83,7 @@ ALL = "all"
 CONFIG_RULES: tuple[str, ...] = (
     "eagle3.draft.rules:check_model",
     "eagle3.data.rules:check_dataset",
+    "eagle3.demo.rules:check_generators",
     "eagle3.serving.rules:check_servers",
 )
 SETTINGS_RULES: tuple[str, ...] = (

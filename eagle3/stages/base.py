@@ -21,7 +21,7 @@ from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manife
 from eagle3.artifacts.verify import check_reusable
 from eagle3.config.convert import to_settings
 from eagle3.config.schema import Eagle3Config
-from eagle3.errors import Eagle3Error, NothingKept, Refused
+from eagle3.errors import MissingInput, NothingKept, Refused  # noqa: F401  (MissingInput: stages import it from here)
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 
 log = logging.getLogger("eagle3")
@@ -51,21 +51,6 @@ class StageContext:
         if self.settings is None:
             raise RuntimeError("StageContext.settings is unset: call the stage, or ctx.with_settings(cfg) first")
         return self.settings
-
-
-class MissingInput(Eagle3Error):
-    """A stage's input is not there yet; the message says which stage to run.
-
-    Attributes:
-        stage: Name of the stage whose output is missing, when `require` raised it (None
-            otherwise), so `stage=plan` can say "after <stage>" without parsing the message.
-        unit: The unit of that stage.
-    """
-
-    def __init__(self, message: str, stage: Optional[str] = None, unit: Optional[str] = None):
-        super().__init__(message)
-        self.stage = stage
-        self.unit = unit
 
 
 @dataclass(frozen=True)

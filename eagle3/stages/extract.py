@@ -1,7 +1,7 @@
 """Stage `extract`: the target's captured aux layers and final state for every merged sample.
 
 The unit is one merge output (`dataset.name`), both splits. The tensors go to the shared,
-content-keyed hidden-state store (`extract.store_root`, see `eagle3.extract.store`); the unit
+content-keyed hidden-state store (`extract.store_root`, see `eagle3.states.store`); the unit
 directory holds `keys.jsonl` (sample id -> store key, and whether this unit extracted or reused
 it), the rejects, and a manifest whose `extra` says where the store is, what it cost per token,
 how lossy it is, and which aux layer ids each serving engine must be given for this capture.
@@ -27,15 +27,15 @@ from omegaconf import DictConfig
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.draft.options import COMPUTING_MODES
-from eagle3.extract import formats
 from eagle3.extract.preflight import plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
 from eagle3.extract.sources import open_states
-from eagle3.extract.store import StoreSpec
 from eagle3.extract.summary import lost_samples, unit_summary
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.intake import Intake
 from eagle3.stages.merge import MERGE
+from eagle3.states import formats
+from eagle3.states.store import StoreSpec
 from eagle3.target_info import target_identity
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def teacher_head_loader(config: Eagle3Config) -> Callable[[], torch.Tensor]:
 
 def _teacher_head(config: Eagle3Config) -> torch.Tensor:
     """The target lm_head `[V, H]` for formats that store the teacher's top k."""
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     m = config.model
     return load_embedding_and_head(m.path, revision=m.revision, cache_dir=config.paths.hf_cache,

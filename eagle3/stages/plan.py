@@ -38,14 +38,19 @@ class ConfigChain:
     cfg: DictConfig
     ctx: StageContext
 
-    def units(self, stage: UnitStage) -> list[str]:
-        return stage.units(self.cfg)
+    def stages(self) -> list[tuple[str, str]]:
+        from eagle3.stages import CHAIN
 
-    def unit_inputs(self, stage: UnitStage, unit: str) -> dict[str, Manifest]:
-        return stage.unit_inputs(self.cfg, self.ctx, unit)
+        return [(entry.name, entry.help) for entry in CHAIN]
 
-    def locate(self, stage: UnitStage, unit: str) -> tuple[Path, Optional[Manifest]]:
-        return stage.locate(self.cfg, self.ctx, unit)
+    def units(self, stage: str) -> list[str]:
+        return _chain_stage(stage).units(self.cfg)
+
+    def unit_inputs(self, stage: str, unit: str) -> dict[str, Manifest]:
+        return _chain_stage(stage).unit_inputs(self.cfg, self.ctx, unit)
+
+    def locate(self, stage: str, unit: str) -> tuple[Path, Optional[Manifest]]:
+        return _chain_stage(stage).locate(self.cfg, self.ctx, unit)
 
     def copyable_conversations(self, unit: str) -> int:
         from eagle3.stages.generate import copyable_conversations
@@ -70,6 +75,12 @@ class ConfigChain:
         merged = cast(DictConfig, OmegaConf.merge(self.cfg, {"train": {"hidden_states": hidden_states}}))
         # The stages locate units from `cfg` alone; settings of the other mode would be stale.
         return ConfigChain(merged, replace(self.ctx, settings=None))
+
+
+def _chain_stage(name: str) -> UnitStage:
+    from eagle3.stages import REGISTRY
+
+    return REGISTRY[name].load()
 
 
 def plan_data(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:

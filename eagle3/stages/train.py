@@ -74,7 +74,7 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
         states = states_identity(cfg)
         if str(cfg.train.hidden_states) == HYBRID:  # it trains on the stored values, in this format
-            from eagle3.extract.formats import format_params
+            from eagle3.states.formats import format_params
 
             fmt = str(cfg.extract.storage_format)
             states["stored_as"] = {"storage_format": fmt, **format_params(fmt)}
@@ -109,8 +109,10 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
 
 def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
     vocab_dir = _unit_inputs(cfg, ctx, unit)["vocab"].directory
+    from eagle3.tracking import job_loggers
+
     return fit_draft(ctx.config, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE),
-                     unit_dir, ctx.run_dir)
+                     unit_dir, job_loggers(ctx.config, ctx.run_dir))
 
 
 def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:

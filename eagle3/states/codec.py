@@ -1,4 +1,4 @@
-"""Encoding one sample's hidden states into a storage format and back (`eagle3.extract.formats`).
+"""Encoding one sample's hidden states into a storage format and back (`eagle3.states.formats`).
 
 fp8 is float8_e4m3fn with one float32 scale per token and per H-wide block; bf16 and fp32 are
 casts; compact is int8 with one bf16 scale per group of values, and the teacher as the top k of
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3.extract.formats import COMPACT_GROUP, COMPACT_TOPK, check_format
+from eagle3.states.formats import COMPACT_GROUP, COMPACT_TOPK, check_format
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn

@@ -1,8 +1,8 @@
 """Benchmark extraction and the loader (the numbers in BENCHMARKS.md).
 
 Usage:
-    python -m eagle3.extract.storage_speed --demo-samples 200            # demo conversations, demo target
-    python -m eagle3.extract.storage_speed --merged DIR [overrides ...]  # a merge unit directory
+    python scripts/bench_storage_speed.py --demo-samples 200            # demo conversations, demo target
+    python scripts/bench_storage_speed.py --merged DIR [overrides ...]  # a merge unit directory
 
 For each storage format it extracts into a fresh store in a temporary directory (nothing is
 reused, so the timing is real and the user's outputs are untouched), reads the train split back
@@ -15,24 +15,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from hydra import compose, initialize_config_dir
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
-import eagle3.config  # noqa: F401  (registers the schema and resolvers)
-from eagle3.artifacts import StageOutput, format_bytes
-from eagle3.config.convert import to_settings
-from eagle3.extract.dataset import HiddenStateDataset
-from eagle3.extract.runner import UnitJob, run_extraction
-from eagle3.extract.sources import HFStates
-from eagle3.extract.store import HiddenStateStore, StoreSpec
-from eagle3.extract.target import check_geometry, load_target
-from eagle3.paths import CONF_DIR
-from eagle3.target_info import target_identity
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+import eagle3.config  # noqa: E402,F401  (registers the schema and resolvers)
+from eagle3.artifacts import StageOutput, format_bytes  # noqa: E402
+from eagle3.config.convert import to_settings  # noqa: E402
+from eagle3.extract.runner import UnitJob, run_extraction  # noqa: E402
+from eagle3.extract.sources import HFStates  # noqa: E402
+from eagle3.paths import CONF_DIR  # noqa: E402
+from eagle3.states.dataset import HiddenStateDataset  # noqa: E402
+from eagle3.states.store import HiddenStateStore, StoreSpec  # noqa: E402
+from eagle3.target.decoder import check_geometry, load_target  # noqa: E402
+from eagle3.target_info import target_identity  # noqa: E402
 
 
 def demo_records(n: int, tokenizer_dir: str) -> list[dict]:
@@ -118,7 +122,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         m = to_settings(compose(config_name="config", overrides=args.overrides)).model
-    from eagle3.draft.target_weights import load_embedding_and_head
+    from eagle3.target.weights import load_embedding_and_head
 
     parts = load_target(m.path, dtype=m.dtype, trust_remote_code=m.trust_remote_code, revision=m.revision)
     check_geometry(parts, m.num_layers, m.hidden_size)
@@ -156,7 +160,7 @@ def main() -> None:
 
 
 def spec_bytes(spec: StoreSpec) -> int:
-    from eagle3.extract.formats import bytes_per_token
+    from eagle3.states.formats import bytes_per_token
 
     return bytes_per_token(spec.storage_format, spec.hidden_size, len(spec.capture_layers))
 

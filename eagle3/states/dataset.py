@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from eagle3.artifacts import REJECTS_NAME, Manifest, read_jsonl
 from eagle3.data.mixture import SPLIT_FILES
 from eagle3.errors import Eagle3Error
-from eagle3.extract.store import HiddenStateStore, content_key
+from eagle3.states.store import HiddenStateStore, content_key
 
 
 class AlignmentError(Eagle3Error, ValueError):

@@ -20,7 +20,7 @@ question (~56 KiB per token in bf16, ~9 TB for the 100K plan):
   token, the aux error and the teacher probability mass outside the top k.
 
 The byte arithmetic and the names live here, torch-free (config validation, `stage=plan` and the
-extract preflight read them); the encoding itself is `eagle3.extract.codec`.
+extract preflight read them); the encoding itself is `eagle3.states.codec`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import torch
 from eagle3.artifacts import atomic_path, atomic_write_json, file_sha256, is_temp_name
 from eagle3.artifacts.locks import exclusive_lock
 from eagle3.errors import no_space_cause
-from eagle3.extract import codec
-from eagle3.extract.store import STORE_FILE, StoreSpec
+from eagle3.states import codec
+from eagle3.states.store import STORE_FILE, StoreSpec
 
 log = logging.getLogger("eagle3")
 

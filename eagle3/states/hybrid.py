@@ -29,10 +29,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from eagle3.extract import codec, formats
-from eagle3.extract.dataset import AlignmentError, OnlineStateDataset
-from eagle3.extract.store import HiddenStateStore, IndexEntry, StoreSpec, content_key
-from eagle3.extract.writer import StoreWriter
+from eagle3.states import codec, formats
+from eagle3.states.dataset import AlignmentError, OnlineStateDataset
+from eagle3.states.store import HiddenStateStore, IndexEntry, StoreSpec, content_key
+from eagle3.states.writer import StoreWriter
 
 log = logging.getLogger("eagle3")
 #: Re-read the store's index files (what other processes wrote) at most this often: at 100K samples

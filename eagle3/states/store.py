@@ -45,7 +45,7 @@ import torch
 from eagle3.artifacts import file_sha256, fingerprint
 from eagle3.engines import IN_PROCESS
 from eagle3.errors import Eagle3Error
-from eagle3.extract import codec, formats
+from eagle3.states import codec, formats
 
 log = logging.getLogger("eagle3")
 
