@@ -236,7 +236,8 @@ def test_generate_is_registered_after_prep():
 
 # ----------------------------------------------------------------------------- the demo target
 # One torch thread: on 2 cores shared with other jobs, two spinning OpenMP threads make the demo
-# target ~20x slower per step (BENCHMARKS.md). The CLI subprocesses get the same via the env.
+# target ~20x slower per step (docs/benchmarks-log.md, "Generate throughput (hf backend)"). The CLI
+# subprocesses get the same via the env.
 THREADS_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
