@@ -38,6 +38,7 @@ OPTION_ARGS = {
     # against the real geometries (SmolLM2's 30 layers, Gemma 3's 18) on a fresh clone too.
     "experiment/smollm2.yaml": [f"model.path={Path(__file__).parent / 'fixtures' / 'smollm2_config'}"],
     "experiment/gemma3_270m.yaml": [f"model.path={Path(__file__).parent / 'fixtures' / 'gemma3_270m_config'}"],
+    "variant/mla.yaml": ["model=demo_kimi"],  # MLA attention needs an MLA target
 }
 
 

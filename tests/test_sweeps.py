@@ -142,3 +142,35 @@ def test_parallel_joblib_jobs_never_write_one_artifact_twice(tmp_path):
     keys = [key for index in (store / "index").glob("*.jsonl")
             for line in index.read_text().splitlines() for key in json.loads(line)["samples"]]
     assert len(keys) == len(set(keys)) == SCALES[1] + 4
+
+
+def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(sweep):
+    """experiment=draft_ablation on the chain the data-scale sweep left: each variant x seed retrains the
+    draft only, and the sweep report's recipe rows are the seeds' mean, spread and ratio to the baseline."""
+    from eagle3.draft.acceptance import simulated_accept_length
+
+    root, _ = sweep
+    done = run_cli(["-m", "experiment=draft_ablation", "variant=baseline,loss_lk", "seed=0,1", "data.scale=8",
+                    *TINY, "train.ttt_steps=3", f"paths.root={root}"], cwd=root.parent / "elsewhere")
+    assert done.returncode == 0, done.stderr[-4000:]
+    ablation = max((root / "multirun").iterdir(), key=lambda p: p.stat().st_mtime)
+    jobs = _jobs(ablation)
+    assert [(job["stage"], job["status"]) for job in jobs] == [("train", "complete")] * 4
+    sim_k3: dict[str, list[float]] = {}
+    for job in jobs:
+        train = _output(job, "train")
+        variant = next(o.split("=", 1)[1] for o in job["overrides"] if o.startswith("variant="))
+        assert train.config["train"]["loss"] == ("lk" if variant == "loss_lk" else "kl")
+        sim_k3.setdefault(variant, []).append(simulated_accept_length(train.extra["eval"]["acc"][:3]))
+    report = json.loads((ablation / "sweep_report.json").read_text())
+    rows = {row["label"]: row for row in report["variants"]["rows"]}
+    assert report["variants"]["baseline"] == "variant=baseline" and set(rows) == {"variant=baseline", "variant=loss_lk"}
+    for variant, values in sim_k3.items():
+        stats = rows[f"variant={variant}"]["sim_accept_length"]["3"]
+        assert stats["mean"] == pytest.approx(sum(values) / 2)
+        assert stats["spread"] == pytest.approx(max(values) - min(values))
+        assert rows[f"variant={variant}"]["replicates"] == {"seed": [0, 1]}
+    assert rows["variant=loss_lk"]["vs_baseline"]["sim_accept_length_k3"] == pytest.approx(
+        sum(sim_k3["loss_lk"]) / sum(sim_k3["baseline"]))
+    assert rows["variant=baseline"]["sim_accept_length"]["5"] is None  # 3 TTT steps: no simulated K=5
+    assert "## Recipes, `seed` pooled" in (ablation / "sweep_report.md").read_text()

@@ -412,6 +412,9 @@ class ReportConfig:
     # (null = the largest K the jobs evaluated).
     target_tau: Optional[float] = None
     target_k: Optional[int] = None
+    # The recipe the seed-pooled rows are compared with, as the report labels it (the varying overrides
+    # other than the seed, e.g. "variant=baseline"); null = the sweep's first recipe.
+    baseline: Optional[str] = None
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from eagle3.reports.output import copy_files, fmt, md_cell, new_figure, png_bytes, write_report_files
 
 __all__ = ["PLOT_FILES", "REPORT_FILES", "render_markdown", "render_plots", "scale_curve_lines", "scale_curve_summary",
-           "table", "target_line", "write_sweep_report"]
+           "table", "target_line", "variants_table", "write_sweep_report"]
 
 REPORT_FILES = {"json": "sweep_report.json", "md": "sweep_report.md"}
 PLOT_FILES = {"tau": "sweep_tau.png", "acceptance": "sweep_acceptance.png", "train": "sweep_train.png"}
@@ -50,6 +50,30 @@ def table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _mean_spread(stats: Optional[Mapping[str, float]]) -> str:
+    return "–" if stats is None else f"{stats['mean']:.3f} ({stats['spread']:.3f})"
+
+
+def variants_table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per recipe, its seeds pooled (`eagle3.sweeps.variants`): mean (spread) and the ratio
+    to the baseline recipe; empty when no replicate key (seed) varies across the sweep."""
+    variants = report.get("variants") or {}
+    if not variants.get("replicate_keys") or not variants.get("rows"):
+        return [], []
+    sim_ks = list(variants["rows"][0]["sim_accept_length"])
+    header = ["recipe", "jobs", *(f"sim τ K={k}" for k in sim_ks), *(f"τ K={k}" for k in report["ks"]),
+              f"sim τ K={sim_ks[0]} vs {variants['baseline']}", "train tok/s"]
+    body = []
+    for row in variants["rows"]:
+        ratio = row["vs_baseline"].get(f"sim_accept_length_k{sim_ks[0]}")
+        tok_s = row["train_tokens_per_s"]
+        body.append([row["label"], ", ".join(_fmt(j) for j in row["jobs"]),
+                     *(_mean_spread(row["sim_accept_length"][k]) for k in sim_ks),
+                     *(_mean_spread(row["real_accept_length"].get(k)) for k in report["ks"]),
+                     "–" if ratio is None else f"{ratio:.3f}x", "–" if tok_s is None else f"{tok_s['mean']:,.0f}"])
+    return header, body
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The table, the notes (what was left out of the plots and why), the plots, definitions."""
     jobs = report["jobs"]
@@ -66,6 +90,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines.append("|" + "---|" * len(header))
     lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body]
     lines.append("")
+    v_header, v_body = variants_table(report)
+    if v_body:
+        keys = ", ".join(f"`{k}`" for k in report["variants"]["replicate_keys"])
+        lines += [f"## Recipes, {keys} pooled", "", "Mean over the jobs of each recipe (spread = max - min in "
+                  "parentheses); the ratio is to the baseline recipe's mean.", "",
+                  "| " + " | ".join(v_header) + " |", "|" + "---|" * len(v_header),
+                  *("| " + " | ".join(md_cell(c) for c in row) + " |" for row in v_body), ""]
     excluded = report["excluded_from_plots"]
     if excluded:
         lines.append("Not in the plots: " + "; ".join(f"job {e['job_num']} ({e['reason']})" for e in excluded) + ".")

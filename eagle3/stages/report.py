@@ -28,7 +28,7 @@ log = logging.getLogger("eagle3")
 def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     """Write, print and log the sweep report; returns no manifests (nothing to reuse)."""
     from eagle3.reports.loggers import log_report
-    from eagle3.reports.sweep_report import PLOT_FILES, scale_curve_summary, table
+    from eagle3.reports.sweep_report import PLOT_FILES, scale_curve_summary, table, variants_table
     from eagle3.sweeps.collect import job_metrics, report_sweep, resolve_sweep_dir
     from eagle3.tracking import job_loggers
 
@@ -36,11 +36,12 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     config = ctx.config
     sweep = resolve_sweep_dir(config.report.sweep_dir, config.paths.root)
     result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=config.report.x,
-                                 target_tau=config.report.target_tau, target_k=config.report.target_k)
+                                 target_tau=config.report.target_tau, target_k=config.report.target_k,
+                                 baseline=config.report.baseline)
     header, body = table(result)
-    print("| " + " | ".join(header) + " |", file=out)
-    for row in body:
-        print("| " + " | ".join(row) + " |", file=out)
+    v_header, v_body = variants_table(result)  # the recipes, seeds pooled (empty without replicates)
+    for cells in [header, *body, *([v_header, *v_body] if v_body else [])]:
+        print("| " + " | ".join(cells) + " |", file=out)
     for line in scale_curve_summary(result["scale_curve"]):
         print(line, file=out)
     left_out = result["excluded_from_plots"]

@@ -32,10 +32,11 @@ class ReportOnSweepEnd(Callback):
 
     Args:
         x: x axis of the τ plot (see `eagle3.sweeps.collect.build_report`); None = data scale.
+        baseline: the recipe the seed-pooled rows are compared with (`report.baseline`); None = the first.
     """
 
-    def __init__(self, x: Optional[str] = None) -> None:
-        self.x = x
+    def __init__(self, x: Optional[str] = None, baseline: Optional[str] = None) -> None:
+        self.x, self.baseline = x, baseline
         self._pending: Optional[Path] = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -58,7 +59,7 @@ class ReportOnSweepEnd(Callback):
         from eagle3.sweeps.collect import report_sweep
 
         try:
-            _, files = report_sweep(sweep, x=self.x)
+            _, files = report_sweep(sweep, x=self.x, baseline=self.baseline)
         except Exception as exc:  # a report must never turn a finished sweep into a failed one
             log.warning("sweep report not written: %s: %s", type(exc).__name__, exc)
             return

@@ -293,6 +293,9 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
         row.update(epochs=_int(ex.get("epochs")), tokens_trained=_int(ex.get("train_tokens_this_run")),
                    train_wall_s=wall if wall is not None else _num(train.wall_time_s),
                    train_tokens_per_s=_num(ex.get("train_tokens_per_s")))
+        pooled = ex.get("eval") or {}  # the train stage's pooled eval: a sweep of stage=train is judged by it
+        row.update(sim_accept_length=_num(pooled.get("sim_accept_len")),
+                   sim_acc=[float(a) for a in pooled.get("acc") or []])
     if ev is not None:
         row.update(_eval_figures(ev))
     return row
@@ -360,7 +363,7 @@ def _x_axis(plotted: Sequence[dict[str, Any]], varying: Sequence[str], x: Option
 
 
 def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, target_tau: Optional[float] = None,
-                 target_k: Optional[int] = None) -> dict[str, Any]:
+                 target_k: Optional[int] = None, baseline: Optional[str] = None) -> dict[str, Any]:
     """The sweep report as plain data (what `sweep_report.json` holds).
 
     Args:
@@ -369,8 +372,10 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
             else the first varying override (numeric ones first); an override key; or "job".
         target_tau, target_k: the accept length to reach at K draft tokens (None = the largest K
             evaluated): the data-scale curve says at which scale, and its cost (`scale_curve_report`).
+        baseline: the recipe the seed-pooled rows are compared with (`eagle3.sweeps.variants`).
     """
     from eagle3.sweeps.scale_curve import scale_curve_report
+    from eagle3.sweeps.variants import pooled_variants
 
     sweep = Path(sweep_dir).expanduser().resolve()
     rows = [row for row in (_job_row(d) for d in job_dirs(sweep)) if row is not None]
@@ -401,6 +406,8 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
         "x_axis": _x_axis(plotted, varying, x),
         "excluded_from_plots": excluded,
         "job_file": JOB_FILE,
+        "variants": pooled_variants(plotted, [k for k in varying if k not in REPLICATE_KEYS],
+                                    [k for k in varying if k in REPLICATE_KEYS], ks, baseline),
         "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k,
                                           also_varying=[k for k in varying if k not in (SCALE_KEY, *REPLICATE_KEYS)],
                                           replicates=[k for k in varying if k in REPLICATE_KEYS]),
@@ -423,8 +430,8 @@ def job_metrics(row: Mapping[str, Any], prefix: str = "report/") -> dict[str, fl
 
 
 def report_sweep(sweep_dir: str | os.PathLike[str], out_dirs: Sequence[str | os.PathLike[str]] = (),
-                 x: Optional[str] = None, target_tau: Optional[float] = None,
-                 target_k: Optional[int] = None) -> tuple[dict[str, Any], dict[str, Path]]:
+                 x: Optional[str] = None, target_tau: Optional[float] = None, target_k: Optional[int] = None,
+                 baseline: Optional[str] = None) -> tuple[dict[str, Any], dict[str, Path]]:
     """Build the report of `sweep_dir` and write it there and into each of `out_dirs` (`eagle3.reports.sweep_report`).
 
     Returns:
@@ -433,7 +440,7 @@ def report_sweep(sweep_dir: str | os.PathLike[str], out_dirs: Sequence[str | os.
     """
     from eagle3.reports.sweep_report import write_sweep_report
 
-    report = build_report(sweep_dir, x=x, target_tau=target_tau, target_k=target_k)
+    report = build_report(sweep_dir, x=x, target_tau=target_tau, target_k=target_k, baseline=baseline)
     return report, write_sweep_report(report, Path(report["sweep_dir"]), out_dirs)
 
 

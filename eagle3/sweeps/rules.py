@@ -1,5 +1,6 @@
 """The config rules of `stage=report`: the sweep exists (or, with null, some sweep does),
-`report.x` is an override that varies in it, and a target τ is one an accept length can be."""
+`report.x` is an override that varies in it, `report.baseline` one of its recipes, and a target τ
+is one an accept length can be."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def check_report(cfg: Eagle3Config, err: ConfigErrors) -> None:
     except SweepNotFound as exc:
         err.add("report.sweep_dir", cfg.report.sweep_dir, exc.why, exc.valid)
         return
+    if cfg.report.baseline is not None:
+        recipes = [row["label"] for row in build_report(sweep)["variants"]["rows"]]
+        if cfg.report.baseline not in recipes:
+            err.add("report.baseline", cfg.report.baseline, f"names no recipe of {sweep}",
+                    ", ".join(["null", *recipes]))
     x = cfg.report.x
     if x is not None and x not in (SCALE_KEY, "data_scale", JOB_AXIS):
         varying = build_report(sweep)["varying_overrides"]
