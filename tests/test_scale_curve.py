@@ -154,7 +154,8 @@ def test_no_curve_is_fitted_through_jobs_that_differ_in_more_than_their_data():
             for i, n in enumerate([64, 128, 256, 512])]
     assert sorted(scale_curve_report(rows, [])["series"]) == ["sim"]
     mixed = scale_curve_report(rows, [], target_tau=3.0, also_varying=["train.lr"])
-    assert mixed["series"] == {} and mixed["note"] == "no fit: the jobs differ in train.lr as well as in their training data"
+    assert mixed["series"] == {} and mixed["note"] == ("no fit: the jobs differ in train.lr, not only in their training "
+                                                      "data (one curve through them would mix recipes)")
 
 
 def test_seeds_are_replicate_points_of_one_curve():

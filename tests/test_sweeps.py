@@ -150,7 +150,8 @@ def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(s
     from eagle3.draft.acceptance import simulated_accept_length
 
     root, _ = sweep
-    done = run_cli(["-m", "experiment=draft_ablation", "variant=baseline,loss_lk", "seed=0,1", "data.scale=8",
+    done = run_cli(["-m", "experiment=draft_ablation", "dataset=demo_prompts", "variant=baseline,loss_lk", "seed=0,1",
+                    "data.scale=8",
                     *TINY, "train.ttt_steps=3", f"paths.root={root}"], cwd=root.parent / "elsewhere")
     assert done.returncode == 0, done.stderr[-4000:]
     ablation = max((root / "multirun").iterdir(), key=lambda p: p.stat().st_mtime)
@@ -169,7 +170,7 @@ def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(s
         stats = rows[f"variant={variant}"]["sim_accept_length"]["3"]
         assert stats["mean"] == pytest.approx(sum(values) / 2)
         assert stats["spread"] == pytest.approx(max(values) - min(values))
-        assert rows[f"variant={variant}"]["replicates"] == {"seed": [0, 1]}
+        assert rows[f"variant={variant}"]["replicates"] == {"seed": ["0", "1"]}  # as the overrides spell them
     assert rows["variant=loss_lk"]["vs_baseline"]["sim_accept_length_k3"] == pytest.approx(
         sum(sim_k3["loss_lk"]) / sum(sim_k3["baseline"]))
     assert rows["variant=baseline"]["sim_accept_length"]["5"] is None  # 3 TTT steps: no simulated K=5

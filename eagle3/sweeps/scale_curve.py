@@ -189,7 +189,8 @@ def scale_curve_report(rows: Sequence[Mapping[str, Any]], ks: Sequence[str], tar
     fitted as its own point, so the seeds' spread enters the fit's scatter and its band."""
     if also_varying:
         return {"series": {}, "target": None,
-                "note": f"no fit: the jobs differ in {', '.join(also_varying)} as well as in their training data"}
+                "note": f"no fit: the jobs differ in {', '.join(also_varying)}, not only in their training data "
+                        "(one curve through them would mix recipes)"}
     points = [r for r in rows if (r.get("train_samples") or 0) > 0]
     scales = sorted({r["train_samples"] for r in points})
     if len(scales) < 3:
