@@ -46,6 +46,14 @@ def test_the_first_recipe_is_the_baseline_unless_named_and_a_wrong_name_lists_th
         pooled_variants(JOBS, ["variant"], ["seed"], [], baseline="variant=base")
 
 
+def test_a_sweep_of_one_recipe_is_its_own_baseline_whatever_the_experiment_names():
+    """experiment=draft_ablation names variant=baseline; `variant=baseline` alone leaves no recipe key varying."""
+    jobs = [{**job, "varying": {"seed": job["varying"]["seed"]}} for job in JOBS[:2]]
+    pooled = pooled_variants(jobs, [], ["seed"], [], baseline="variant=baseline")
+    [row] = pooled["rows"]
+    assert pooled["baseline"] == row["label"] and row["vs_baseline"]["sim_accept_length_k3"] == pytest.approx(1.0)
+
+
 def test_the_markdown_rows_show_mean_spread_and_ratio():
     report = {"ks": [], "variants": pooled_variants(JOBS, ["variant"], ["seed"], [])}
     header, body = variants_table(report)

@@ -54,7 +54,8 @@ def pooled_variants(rows: Sequence[Mapping[str, Any]], recipe_keys: Sequence[str
         replicate_keys: Varying overrides that repeat a recipe (the seed).
         ks: The K the jobs' eval stage measured real τ at ("3", "5").
         baseline: The recipe the ratios are against, as its label (`variant=baseline`, or
-            `train.loss=kl seed...` minus the seed); None = the first recipe in job order.
+            `train.loss=kl seed...` minus the seed); None = the first recipe in job order. A sweep
+            of one recipe (`variant=baseline` alone, seeds only) is its own baseline whatever this names.
     """
     groups: dict[str, list[Mapping[str, Any]]] = {}
     overrides: dict[str, dict[str, Any]] = {}
@@ -65,10 +66,10 @@ def pooled_variants(rows: Sequence[Mapping[str, Any]], recipe_keys: Sequence[str
         overrides[label] = recipe
     if not groups:
         return {"replicate_keys": list(replicate_keys), "baseline": None, "rows": []}
-    if baseline is not None and baseline not in groups:
+    if baseline is not None and baseline not in groups and len(groups) > 1:  # one recipe is its own baseline
         raise BaselineNotFound(f"report.baseline: {baseline!r} -- names no recipe of this sweep; valid: "
                                + ", ".join(groups))
-    base_label = baseline if baseline is not None else next(iter(groups))
+    base_label = baseline if baseline in groups else next(iter(groups))
     table: list[dict[str, Any]] = []
     for label, jobs in groups.items():
         table.append({
