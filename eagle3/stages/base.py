@@ -21,7 +21,7 @@ from eagle3.artifacts import MANIFEST_NAME, REJECTS_NAME, STATUS_STOPPED, Manife
 from eagle3.artifacts.verify import check_reusable
 from eagle3.config.convert import to_settings
 from eagle3.config.schema import Eagle3Config
-from eagle3.errors import MissingInput, NothingKept, Refused  # noqa: F401  (MissingInput: stages import it from here)
+from eagle3.errors import MissingInput, NothingKept, Refused
 from eagle3.stages.intake import Intake, empty_inputs, loss_warning, nothing_kept, stop_line, unit_part
 
 log = logging.getLogger("eagle3")

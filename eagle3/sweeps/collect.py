@@ -389,6 +389,8 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
         if reason is not None:
             excluded.append({"job_num": row["job_num"], "reason": reason})
     plotted = [r for r in rows if r["in_plots"]]
+    replicates = [k for k in varying if k in REPLICATE_KEYS]  # the seed: repeats of one recipe
+    recipe_keys = [k for k in varying if k not in REPLICATE_KEYS]
     ks = sorted({k for r in rows for k in r["real_accept_length"]}, key=int)
     statuses: dict[str, int] = {}
     for row in rows:
@@ -406,11 +408,10 @@ def build_report(sweep_dir: str | os.PathLike[str], x: Optional[str] = None, tar
         "x_axis": _x_axis(plotted, varying, x),
         "excluded_from_plots": excluded,
         "job_file": JOB_FILE,
-        "variants": pooled_variants(plotted, [k for k in varying if k not in REPLICATE_KEYS],
-                                    [k for k in varying if k in REPLICATE_KEYS], ks, baseline),
+        "variants": pooled_variants(plotted, recipe_keys, replicates, ks, baseline),
         "scale_curve": scale_curve_report(plotted, ks, target_tau, target_k,
-                                          also_varying=[k for k in varying if k not in (SCALE_KEY, *REPLICATE_KEYS)],
-                                          replicates=[k for k in varying if k in REPLICATE_KEYS]),
+                                          also_varying=[k for k in recipe_keys if k != SCALE_KEY],
+                                          replicates=replicates),
     }
 
 

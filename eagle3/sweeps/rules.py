@@ -13,6 +13,7 @@ from eagle3.sweeps.collect import (
     build_report,
     resolve_sweep_dir,
 )
+from eagle3.sweeps.variants import BaselineNotFound
 
 
 def check_report(cfg: Eagle3Config, err: ConfigErrors) -> None:
@@ -33,14 +34,15 @@ def check_report(cfg: Eagle3Config, err: ConfigErrors) -> None:
     except SweepNotFound as exc:
         err.add("report.sweep_dir", cfg.report.sweep_dir, exc.why, exc.valid)
         return
-    if cfg.report.baseline is not None:
-        recipes = [row["label"] for row in build_report(sweep)["variants"]["rows"]]
-        if cfg.report.baseline not in recipes:
-            err.add("report.baseline", cfg.report.baseline, f"names no recipe of {sweep}",
-                    ", ".join(["null", *recipes]))
+    try:  # one read of the sweep serves both checks below
+        built = build_report(sweep, baseline=cfg.report.baseline)
+    except BaselineNotFound as exc:
+        err.add("report.baseline", cfg.report.baseline, f"names no recipe of {sweep}",
+                ", ".join(["null", *exc.recipes]))
+        built = build_report(sweep)
     x = cfg.report.x
     if x is not None and x not in (SCALE_KEY, "data_scale", JOB_AXIS):
-        varying = build_report(sweep)["varying_overrides"]
+        varying = built["varying_overrides"]
         if x not in varying:
             err.add("report.x", x, f"not an override that varies across the jobs of {sweep}",
                     ", ".join(["null", SCALE_KEY, JOB_AXIS, *[k for k in varying if k != SCALE_KEY]]))

@@ -25,7 +25,12 @@ SIM_KS = (3, 5)
 
 
 class BaselineNotFound(Eagle3Error):
-    """`report.baseline` names no recipe of the sweep."""
+    """`report.baseline` names no recipe of the sweep; `recipes` are the ones it could name."""
+
+    def __init__(self, baseline: str, recipes: Sequence[str]):
+        super().__init__(f"report.baseline: {baseline!r} -- names no recipe of this sweep; valid: "
+                         + ", ".join(recipes))
+        self.recipes = list(recipes)
 
 
 def _label(overrides: Mapping[str, Any]) -> str:
@@ -67,8 +72,7 @@ def pooled_variants(rows: Sequence[Mapping[str, Any]], recipe_keys: Sequence[str
     if not groups:
         return {"replicate_keys": list(replicate_keys), "baseline": None, "rows": []}
     if baseline is not None and baseline not in groups and len(groups) > 1:  # one recipe is its own baseline
-        raise BaselineNotFound(f"report.baseline: {baseline!r} -- names no recipe of this sweep; valid: "
-                               + ", ".join(groups))
+        raise BaselineNotFound(baseline, list(groups))
     base_label = baseline if baseline in groups else next(iter(groups))
     table: list[dict[str, Any]] = []
     for label, jobs in groups.items():
