@@ -20,17 +20,33 @@ from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts.locks import set_lock_timeout
 from eagle3.config.checks import report_config_errors
-from eagle3.config.convert import to_settings
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.validate import validate_config
+from eagle3.data.detect import with_file_sources
 from eagle3.errors import EXIT_CONFIG_ERROR, EXIT_NO_SPACE, EXIT_STAGE_ERROR, Eagle3Error, no_space_cause, no_space_line
-from eagle3.stages import StageContext, check_config, stages_to_run
-from eagle3.stages.dataset_files import expand_dataset_files
+from eagle3.stages import StageContext, config_rules, stage_names, stages_to_run
 from eagle3.sweeps.jobs import JOB_FORMAT, write_job_record
 from eagle3.threads import configure_job_threads
 from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
 
-__all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "report_config_errors", "run_job"]
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "check_config", "job_config",
+           "report_config_errors", "run_job"]
+
+
+def job_config(cfg: DictConfig) -> tuple[Optional[Eagle3Config], list[str]]:
+    """The typed config a job's stages receive (`dataset.files` made sources), and every rule it breaks.
+
+    The only place a composed `DictConfig` becomes the schema's dataclasses for a job: the stages and
+    every package below them read those. The config is None when it does not convert.
+    """
+    return validate_config(cfg, stage_names(), config_rules(str(cfg.stage)), complete=with_file_sources)
+
+
+def check_config(cfg: DictConfig) -> list[str]:
+    """Every rule violation of a composed config, the rules of the stages it asks for included."""
+    return job_config(cfg)[1]
 
 
 def _job_identity(cfg: DictConfig) -> dict[str, Any]:
@@ -62,29 +78,28 @@ def run_job(cfg: DictConfig) -> int:
     record: dict[str, Any] = {"format": JOB_FORMAT, "stage": str(cfg.stage), "status": "running",
                               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               **_job_identity(cfg), "outputs": []}
-    expand_dataset_files(cfg)  # dataset.files -> sources, before any check or stage reads them
-    errors = check_config(cfg)
-    if errors:
+    config, errors = job_config(cfg)
+    if errors or config is None:
         report_config_errors(errors)
         write_job_record(run_dir, {**record, "status": "failed", "failure": "config: " + "; ".join(errors)})
         return EXIT_CONFIG_ERROR
 
     hydra = HydraConfig.get()
-    configure_job_threads(cfg.cpu_threads, hydra.launcher, hydra.mode == RunMode.MULTIRUN)
-    set_lock_timeout(cfg.lock_timeout_s)  # no lock wait of this job is unbounded (eagle3.artifacts.locks)
-    root = Path(cfg.paths.root).expanduser().resolve()
-    ctx = StageContext(root=root, run_dir=run_dir, force=bool(cfg.force), settings=to_settings(cfg))
+    configure_job_threads(config.cpu_threads, hydra.launcher, hydra.mode == RunMode.MULTIRUN)
+    set_lock_timeout(config.lock_timeout_s)  # no lock wait of this job is unbounded (eagle3.artifacts.locks)
+    root = Path(config.paths.root).expanduser().resolve()
+    ctx = StageContext(root=root, run_dir=run_dir, force=config.force)
     started = time.perf_counter()
     record["root"] = str(root)
     write_job_record(run_dir, record)
     outputs: list[Path] = []
     failure: Optional[str] = "interrupted"
     try:
-        for stage in stages_to_run(cfg.stage):
+        for stage in stages_to_run(config.stage):
             log.info("stage %s: %s", stage.name, stage.help)
             try:
-                manifests = stage(cfg, ctx)
-                outputs.extend(Path(m.dir) for m in manifests)
+                manifests = stage(config, ctx)
+                outputs.extend(m.directory for m in manifests)
                 record["outputs"].extend({"stage": stage.name, "unit": m.name, "dir": str(m.dir)} for m in manifests)
                 write_job_record(run_dir, record)
             except Exception as exc:

@@ -19,21 +19,19 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import eagle3.config  # noqa: F401  (registers the schema and resolvers)
-from eagle3.config.convert import to_settings
+from eagle3.cli import job_config
 from eagle3.paths import CONF_DIR
 from eagle3.serving.commands import build_command
 from eagle3.serving.process import ServerProcess
-from eagle3.stages import check_config
 
 
 def main(overrides: list[str]) -> int:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    errors = check_config(cfg)
-    if errors:
+    settings, errors = job_config(cfg)
+    if errors or settings is None:
         print("\n".join(errors), file=sys.stderr)
         return 2
-    settings = to_settings(cfg)
     command = build_command(settings)
     log = Path(tempfile.mkdtemp(prefix="server_start_")) / "server.log"
     started = time.perf_counter()

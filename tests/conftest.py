@@ -22,9 +22,10 @@ from omegaconf import DictConfig
 
 import eagle3.config  # noqa: F401  (registers schema + resolvers)
 from eagle3.artifacts import Manifest
+from eagle3.cli import job_config
+from eagle3.config.schema import Eagle3Config
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
 from eagle3.stages import CHAIN
-from eagle3.stages.dataset_files import expand_dataset_files
 from tests import time_budgets
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
@@ -133,11 +134,22 @@ SMALL_DEMO_DATA = (
 
 
 def compose_config(overrides: list[str] | None = None) -> DictConfig:
-    """Compose conf/config.yaml with overrides, exactly as scripts/run.py would (dataset.files expanded too)."""
+    """Compose conf/config.yaml with overrides, exactly as scripts/run.py would."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides or [])
-    expand_dataset_files(cfg)
-    return cfg
+        return compose(config_name="config", overrides=overrides or [])
+
+
+def job_settings(cfg: DictConfig) -> Eagle3Config:
+    """The typed config scripts/run.py hands the stages (`eagle3.cli.job_config`); a config error fails
+    the test with its lines."""
+    config, errors = job_config(cfg)
+    assert not errors and config is not None, "\n".join(errors)
+    return config
+
+
+def compose_settings(overrides: list[str] | None = None) -> Eagle3Config:
+    """`compose_config`, validated and typed as a stage receives it."""
+    return job_settings(compose_config(overrides))
 
 
 #: How long a test waits for work to end (a job, a server's start, a line a job writes) before it

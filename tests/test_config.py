@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from eagle3.cli import check_config
 from eagle3.config import logger_schema, schema
 from eagle3.paths import CONF_DIR, PROJECT_ROOT
-from eagle3.stages import check_config, stage_names
+from eagle3.stages import stage_names
 from tests.conftest import HANG_GUARD_S, compose_config
 
 GROUP_FILES = sorted(p for p in CONF_DIR.rglob("*.yaml") if p.parent != CONF_DIR)
@@ -150,7 +151,7 @@ def test_a_missing_value_is_one_line_naming_the_key():
 def test_validation_loads_no_torch():
     """Validation answers before any model code loads: every list of valid choices it reads lives in a
     torch-free module of the package that owns it."""
-    code = ("import sys; from tests.conftest import compose_config; from eagle3.stages import check_config; "
+    code = ("import sys; from tests.conftest import compose_config; from eagle3.cli import check_config; "
             "assert check_config(compose_config(['stage=bench', 'server=vllm'])) == [];"
             "print(sorted(m for m in ('torch', 'transformers', 'datasets', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, StageOutput, read_jsonl
+from eagle3.cli import check_config
 from eagle3.errors import EXIT_STAGE_ERROR, NothingKept
-from eagle3.stages import MissingInput, StageContext, check_config
+from eagle3.stages import MissingInput, StageContext
 from eagle3.stages.intake import empty_inputs
 from eagle3.stages.prep import PREP
 from eagle3.sweeps.jobs import JOB_FILE
-from tests.conftest import compose_config
+from tests.conftest import compose_config, job_settings
 
 ANSWER_FIRST = "message 0 answers before any user turn"  # eagle3.data.conversation's assistant_first detail
 
@@ -46,8 +47,7 @@ def files_cfg(root: Path, *files: Path, overrides: tuple[str, ...] = ()):
     listed = ",".join(str(f) for f in files)
     cfg = compose_config(["dataset=files", f"dataset.files=[{listed}]", "dataset.track=target_native",
                           f"paths.root={root}", *overrides])
-    assert check_config(cfg) == []
-    return cfg
+    return job_settings(cfg)
 
 
 def run_prep(cfg, tmp_path: Path) -> dict[str, Manifest]:

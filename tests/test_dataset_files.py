@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.cli import check_config
 from eagle3.data.adapters import ADAPTERS, AdapterError, convert, resolve_columns
 from eagle3.data.detect import SchemaError, check_schema, detect_schema
-from eagle3.stages import check_config
-from tests.conftest import compose_config
+from tests.conftest import compose_config, job_settings
 
 RAW = Path(__file__).parent / "fixtures" / "raw"
 
@@ -150,7 +150,7 @@ def test_records_no_schema_fits_are_left_out_of_detection(tmp_path):
     assert (found.schema, found.columns, found.keys) == ("openai_messages", {}, ("id", "messages"))
     assert check_schema(path, "openai_messages", None).schema == "openai_messages"
     cfg = files_cfg(path, overrides=("dataset.track=target_native", "dataset.schema=openai_messages"))
-    assert check_config(cfg) == [] and cfg.dataset.sources.chat.schema == "openai_messages"
+    assert job_settings(cfg).dataset.sources["chat"].schema == "openai_messages"
     # When no record fits anything, detection still refuses, naming the keys; so does a given schema.
     nulls = write_jsonl(tmp_path / "nulls.jsonl", [{"id": "a", "messages": None}, {"id": "b"}])
     with pytest.raises(SchemaError, match=r"nulls\.jsonl: no schema's columns are all in its first records "
@@ -179,9 +179,8 @@ def test_each_file_becomes_a_source_with_its_detected_schema(tmp_path, caplog):
     a = write_jsonl(tmp_path / "my data.v2.jsonl", records("ultrachat.jsonl"))
     b = write_jsonl(other / "my data.v2.jsonl", records("glaive.jsonl"))
     with caplog.at_level("INFO", logger="eagle3"):
-        cfg = files_cfg(a, b, overrides=("dataset.track=prompt_only", "dataset.num_samples=5"))
-    assert check_config(cfg) == []
-    sources = cfg.dataset.sources
+        sources = job_settings(files_cfg(a, b, overrides=("dataset.track=prompt_only", "dataset.num_samples=5"))
+                               ).dataset.sources
     assert list(sources) == ["my_data_v2", "my_data_v2_2"]
     assert [sources[n].schema for n in sources] == ["openai_messages", "glaive_function_calling"]
     assert [list(sources[n].data_files) for n in sources] == [[str(a)], [str(b)]]
@@ -194,15 +193,14 @@ def test_explicit_schema_skips_detection(tmp_path):
     path = write_jsonl(tmp_path / "both.jsonl", [{"messages": [{"role": "user", "content": "a"}],
                                                    "conversations": [{"from": "human", "value": "a"}]}])
     cfg = files_cfg(path, overrides=("dataset.track=target_native", "dataset.schema=sharegpt"))
-    assert check_config(cfg) == []
-    assert cfg.dataset.sources.both.schema == "sharegpt"
+    assert job_settings(cfg).dataset.sources["both"].schema == "sharegpt"
 
 
 def test_explicit_schema_and_columns_are_checked_against_the_first_records(tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"q": "Why?", "a": "Because."}])
     ok = files_cfg(path, overrides=("dataset.track=target_native", "dataset.schema=opencodeinstruct",
                                     "+dataset.columns.prompt=q", "+dataset.columns.response=a"))
-    assert check_config(ok) == [] and dict(ok.dataset.sources.qa.columns) == {"prompt": "q", "response": "a"}
+    assert job_settings(ok).dataset.sources["qa"].columns == {"prompt": "q", "response": "a"}
     [line] = check_config(files_cfg(path, overrides=("dataset.track=target_native", "dataset.schema=sharegpt")))
     assert line.startswith(f"dataset.files: '{path}' -- ") and "schema sharegpt needs column 'conversations'" in line
     assert "keys: a, q" in line
@@ -211,8 +209,7 @@ def test_explicit_schema_and_columns_are_checked_against_the_first_records(tmp_p
 def test_files_add_to_another_datasets_sources(tmp_path):
     path = write_jsonl(tmp_path / "extra.jsonl", records("sharegpt.jsonl"))
     cfg = compose_config(["dataset=demo", f"dataset.files=[{path}]", "dataset.track=prompt_only"])
-    assert check_config(cfg) == []
-    assert list(cfg.dataset.sources) == ["demo_native", "demo_prompts", "extra"]
+    assert list(job_settings(cfg).dataset.sources) == ["demo_native", "demo_prompts", "extra"]
 
 
 @pytest.mark.parametrize("case", ["missing", "suffix", "empty", "unreadable", "unknown", "twice", "no_track",

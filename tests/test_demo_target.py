@@ -196,8 +196,8 @@ def test_demo_kimi_is_deepseek_v3_with_the_mla_geometry_vllms_cpu_kernel_serves(
 def test_demo_kimi_tokenizer_is_remote_code_over_tiktoken_and_ships_the_repos_own_class():
     from transformers import AutoTokenizer
 
+    from eagle3.cli import check_config
     from eagle3.data.special_text import encode_as_text
-    from eagle3.stages import check_config
     from tests.conftest import compose_config
 
     shipped = KIMI_TARGET / "tokenization_tiktoken.py"

@@ -167,7 +167,7 @@ def test_transformers_keeps_every_field_the_engines_read(tmp_path):
 
 
 def test_config_validator_recognises_an_export_as_eagle3(tmp_path):
-    from eagle3.stages import check_config
+    from eagle3.cli import check_config
     from tests.conftest import compose_config
 
     out = export_draft(make_draft(), tmp_path / "draft", "sglang")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3.cli import check_config
 from eagle3.config.convert import to_settings
 from eagle3.draft.export import ExportError, capture_layers_of, export_draft
 from eagle3.draft.fit import draft_geometry, export_engines
@@ -23,7 +24,7 @@ from eagle3.draft.geometry import GeometryRefusal, config_geometry, geometry_ref
 from eagle3.draft.model import Eagle3Draft
 from eagle3.engines import ENGINES
 from eagle3.paths import asset_path
-from eagle3.stages import REGISTRY, check_config
+from eagle3.stages import REGISTRY
 from tests.conftest import HANG_GUARD_S, compose_config, run_cli
 
 DEMO_TARGET = asset_path("demo_target")

@@ -198,7 +198,7 @@ def test_mla_norm_before_fc_is_refused_for_every_engine(tmp_path):
 
 
 def test_config_validation_refuses_an_mla_draft_for_a_target_without_mla_in_one_line():
-    from eagle3.stages import check_config
+    from eagle3.cli import check_config
     from tests.conftest import compose_config
 
     errors = check_config(compose_config(["model=demo", "model.draft.attention=mla"]))

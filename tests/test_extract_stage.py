@@ -24,12 +24,11 @@ from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
 from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
 from eagle3.extract.preflight import DiskSpaceError
 from eagle3.paths import PROJECT_ROOT
-from eagle3.stages import check_config
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.stages.merge import MERGE
 from eagle3.states.dataset import HiddenStateDataset, StatesNotStored
 from eagle3.states.store import HiddenStateStore, ShardCorrupt, StoreMissing
-from tests.conftest import HANG_GUARD_S, compose_config
+from tests.conftest import HANG_GUARD_S, compose_settings
 
 CAPTURE = [1, 2, 3]
 # The merge stage with its real unit config but no upstream inputs, so tests can write a merge
@@ -67,9 +66,7 @@ def overrides(target_dir, root, *extra):
 
 
 def config(target_dir, root, *extra):
-    cfg = compose_config(overrides(target_dir, root, *extra))
-    assert check_config(cfg) == []
-    return cfg
+    return compose_settings(overrides(target_dir, root, *extra))
 
 
 def make_records(n, seed=0):
@@ -95,7 +92,7 @@ def write_merge(cfg, root, train, evals):
 
 
 def run(cfg, root):
-    [manifest] = extract_stage.EXTRACT(cfg, StageContext(root=Path(root), run_dir=Path(root), force=bool(cfg.force)))
+    [manifest] = extract_stage.EXTRACT(cfg, StageContext(root=Path(root), run_dir=Path(root), force=cfg.force))
     return manifest
 
 
@@ -202,7 +199,7 @@ import torch
 import eagle3.states.writer as st
 import eagle3.stages.extract as ex
 from eagle3.stages.base import StageContext
-from tests.conftest import compose_config
+from tests.conftest import compose_settings
 from tests.test_extract_stage import MERGE_STANDIN
 ex.MERGE = MERGE_STANDIN
 torch.set_num_threads(1)
@@ -212,7 +209,7 @@ def slow(*args, **kwargs):
     time.sleep(0.3)
 st._safetensors_save = slow
 root = Path(sys.argv[1])
-ex.EXTRACT(compose_config(sys.argv[2:]), StageContext(root=root, run_dir=root))
+ex.EXTRACT(compose_settings(sys.argv[2:]), StageContext(root=root, run_dir=root))
 """
 
 

@@ -28,7 +28,6 @@ from eagle3.chat_formats.kimi import (
     TOOL_CALLS_BEGIN,
     TOOL_CALLS_END,
 )
-from eagle3.config.convert import to_settings
 from eagle3.errors import Eagle3Error, NothingKept
 from eagle3.generation import pipeline
 from eagle3.generation.factory import make_backend
@@ -40,7 +39,7 @@ from eagle3.stages import generate as generate_stage
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, kill_9_when
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_settings, kill_9_when
 
 UNIT = "demo_prompts"
 
@@ -165,10 +164,10 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "make_backend", lambda cfg: ScriptedBackend(script))
     counts = {}
     for policy in ("keep_flagged", "drop"):
-        cfg = compose_config(["dataset=demo_prompts", f"generate.length_policy={policy}", "generate.batch_size=2"])
+        cfg = compose_settings(["dataset=demo_prompts", f"generate.length_policy={policy}", "generate.batch_size=2"])
         out = StageOutput.open(tmp_path / "root", "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
         with out:
-            manifest = out.finalize(extra=pipeline.generate_file(to_settings(cfg), UNIT, source, out,
+            manifest = out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out,
                                                                  CONVERSATIONS_FILE))
         counts[policy] = manifest.counts
         assert manifest.extra["finish_reasons"] == {"length": 2, "stop": 4, "tool_calls": 1}
@@ -182,10 +181,10 @@ def test_stage_counts_both_length_policies(tmp_path, monkeypatch):
 
 def _generate_unit(root: Path, source: Path, backend: ScriptedBackend, monkeypatch) -> Manifest:
     monkeypatch.setattr(pipeline, "make_backend", lambda cfg: backend)
-    cfg = compose_config(["dataset=demo_prompts", "generate.length_policy=drop", "generate.batch_size=3"])
+    cfg = compose_settings(["dataset=demo_prompts", "generate.length_policy=drop", "generate.batch_size=3"])
     out = StageOutput.open(root, "generate", UNIT, generate_stage._unit_config(cfg, UNIT))
     with out:
-        return out.finalize(extra=pipeline.generate_file(to_settings(cfg), UNIT, source, out, CONVERSATIONS_FILE))
+        return out.finalize(extra=pipeline.generate_file(cfg, UNIT, source, out, CONVERSATIONS_FILE))
 
 
 @pytest.mark.parametrize("independent", [True, False])
@@ -222,7 +221,7 @@ def test_failed_requests_leave_conversations_undone_and_a_rerun_asks_for_just_th
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_http_backends_without_urls_say_how_to_connect(backend):
-    cfg = to_settings(compose_config([f"generate.backend={backend}", f"server@generate.server={backend}"]))
+    cfg = compose_settings([f"generate.backend={backend}", f"server@generate.server={backend}"])
     with pytest.raises(BackendUnavailable) as info:
         make_backend(cfg)
     message = str(info.value)
@@ -258,7 +257,7 @@ REAL = ("dataset=demo_prompts", f"dataset.sources.demo_prompts.num_samples={N_CO
 
 
 def _stage_cfg(root: Path, *overrides: str):
-    return compose_config([*REAL, f"paths.root={root}", *overrides])
+    return compose_settings([*REAL, f"paths.root={root}", *overrides])
 
 
 def _run_chain(root: Path, *overrides: str) -> Manifest:
@@ -416,7 +415,7 @@ FIXED_POOL = (f"dataset.sources.demo_prompts.data_files=[{POOL_FILE}]", "dataset
 
 def _generate_sample(root: Path, num_samples: int, *overrides: str, force: bool = False) -> Manifest:
     """prep -> generate of `num_samples` prompts from the fixed 30-record ShareGPT fixture."""
-    cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, f"paths.root={root}",
+    cfg = compose_settings(["dataset=demo_prompts", *FIXED_POOL, f"paths.root={root}",
                           f"dataset.sources.demo_prompts.num_samples={num_samples}", *overrides])
     PREP(cfg, StageContext(root=root, run_dir=root / "run"))
     [manifest] = GENERATE(cfg, StageContext(root=root, run_dir=root / "run", force=force))
@@ -431,7 +430,7 @@ def test_a_larger_sample_reuses_the_batches_a_smaller_one_ran_and_equals_a_fresh
     # stage=plan, before the grown run: 8 of its 10 conversations would be copied.
     from eagle3.stages.plan import plan_data
 
-    cfg = compose_config(["dataset=demo_prompts", *FIXED_POOL, "dataset.sources.demo_prompts.num_samples=10",
+    cfg = compose_settings(["dataset=demo_prompts", *FIXED_POOL, "dataset.sources.demo_prompts.num_samples=10",
                           f"paths.root={tmp_path / 'grown'}"])
     PREP(cfg, StageContext(root=tmp_path / "grown", run_dir=tmp_path / "run"))
     planned = {s["stage"]: s["units"] for s in plan_data(cfg, StageContext(root=tmp_path / "grown",

@@ -25,7 +25,7 @@ from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.stages import StageContext
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_settings
 from tests.mock_openai_server import MockChatServer, conversation_key
 from tests.test_http_generate import DATA, FAST, UNIT, _check_complete_and_exact, _prepare, _urls
 
@@ -146,7 +146,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "demo_prompts_small.jsonl"  # a f
 
 def _pool_ctx(server: MockChatServer, root: Path, n: int):
     """Config and context of prep -> generate of `n` prompts of the fixed pool through `server`."""
-    cfg = compose_config(["dataset=demo_prompts", f"dataset.sources.demo_prompts.data_files=[{FIXTURE}]",
+    cfg = compose_settings(["dataset=demo_prompts", f"dataset.sources.demo_prompts.data_files=[{FIXTURE}]",
                           "dataset.sources.demo_prompts.generator=null", "generate.batch_size=4",
                           "generate.length_policy=drop", "generate.backend=vllm", *FAST, "generate.http.inflight_batches=2",
                           _urls(server.url), f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}"])

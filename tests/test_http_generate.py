@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
-from eagle3.config.convert import to_settings
+from eagle3.cli import check_config
 from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.factory import make_backend
 from eagle3.generation.http_backend import HTTPBackend
@@ -42,11 +42,11 @@ from eagle3.generation.openai_chat import (
 )
 from eagle3.generation.types import BackendUnavailable, GenerationRequest, SamplingParams
 from eagle3.serving.http import backoff_delay, models_url
-from eagle3.stages import StageContext, check_config
+from eagle3.stages import StageContext
 from eagle3.stages.demo_data import DEMO_DATA
 from eagle3.stages.generate import CONVERSATIONS_FILE, GENERATE
 from eagle3.stages.prep import PREP
-from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, kill_9_when, run_cli
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config, compose_settings, kill_9_when, run_cli
 from tests.mock_openai_server import TOO_LONG_MARKER, FaultPlan, MockChatServer, request_key
 
 UNIT = "demo_prompts"
@@ -260,7 +260,7 @@ def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
             backend.generate(_requests(1), PARAMS)
         finally:
             backend.close()
-    cfg = to_settings(compose_config(["generate.backend=vllm"]))
+    cfg = compose_settings(["generate.backend=vllm"])
     with pytest.raises(BackendUnavailable, match="generate.server.urls"):
         make_backend(cfg)
     assert isinstance(make_backend(cfg, urls=["http://127.0.0.1:9"]), HTTPBackend)  # a launcher's URLs
@@ -269,7 +269,7 @@ def test_dead_endpoints_stop_the_run_instead_of_rejecting_everything():
 # ----------------------------------------------------------------------------- the stage
 def _prepare(root: Path, *overrides: str):
     """demo_data -> prep in this process; returns (cfg, ctx) for the generate overrides."""
-    cfg = compose_config([*DATA, f"paths.root={root}", *overrides])
+    cfg = compose_settings([*DATA, f"paths.root={root}", *overrides])
     ctx = StageContext(root=root, run_dir=root / "run")
     DEMO_DATA(cfg, ctx)
     PREP(cfg, ctx)
@@ -442,8 +442,8 @@ def test_d_a_grown_sample_reuses_earlier_batches_in_order_and_equals_a_fresh_run
                   _urls(server.url))
 
         def generate(root: Path, n: int, *overrides: str) -> Manifest:
-            cfg = compose_config([*shared, f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}",
-                                  *overrides])
+            cfg = compose_settings([*shared, f"dataset.sources.demo_prompts.num_samples={n}", f"paths.root={root}",
+                                    *overrides])
             ctx = StageContext(root=root, run_dir=root / "run")
             PREP(cfg, ctx)
             [manifest] = GENERATE(cfg, ctx)

@@ -33,7 +33,7 @@ def test_sglang_deepseek_classes_read_ids_as_meant_only_when_the_first_capture_i
 
 
 def test_serving_a_chain_draft_through_sglangs_deepseek_class_refuses_other_first_captures():
-    from eagle3.stages import check_config
+    from eagle3.cli import check_config
     from tests.conftest import compose_config
 
     bench = ["stage=bench", "server=sglang", "model=demo_kimi"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from eagle3.cli import check_config
 from eagle3.paths import PROJECT_ROOT
-from eagle3.stages import check_config
 from tests.conftest import compose_config, run_cli
 
 DEMO_TARGET = PROJECT_ROOT / "eagle3" / "assets" / "demo_target"

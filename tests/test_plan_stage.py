@@ -10,7 +10,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.stages import CHAIN, REGISTRY, STANDALONE, StageContext, stages_to_run
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_settings, run_cli
 
 # In store mode (the experiment trains online, which has no extract unit to show the store in).
 KIMI = ["stage=plan", "experiment=plan_v4_100k", "model=kimi_k25", "train.hidden_states=store"]
@@ -151,7 +151,7 @@ def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):
     root = tmp_path / "artifacts"
     # The two cheap stages in-process (as `stage=demo_data`, then `stage=prep`, would run them),
     # which spares two interpreter starts; the plan itself through the entrypoint.
-    cfg = compose_config([f"paths.root={root}", *DEMO])
+    cfg = compose_settings([f"paths.root={root}", *DEMO])
     for stage in ("demo_data", "prep"):
         assert REGISTRY[stage](cfg, StageContext(root=root, run_dir=tmp_path / f"run_{stage}"))
     result = _run(["stage=plan", *DEMO], tmp_path)
@@ -185,7 +185,7 @@ def test_unfinished_output_is_reported_running_and_plan_is_standalone(tmp_path):
     from eagle3.stages.demo_data import DEMO_DATA
     from eagle3.stages.plan import ConfigChain
 
-    cfg = compose_config(["stage=plan", f"paths.root={tmp_path}", *DEMO])
+    cfg = compose_settings(["stage=plan", f"paths.root={tmp_path}", *DEMO])
     ctx = StageContext(root=tmp_path, run_dir=tmp_path / "run")
     out = StageOutput.open(tmp_path, "demo_data", "demo_prompts", DEMO_DATA.unit_config(cfg, "demo_prompts"))
     out.close()  # a started, never finalized run (as a kill leaves it)

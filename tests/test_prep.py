@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
+from eagle3.cli import check_config
 from eagle3.config.schema import DatasetSourceConfig
 from eagle3.data.selection import sampling_key
 from eagle3.errors import NothingKept
-from eagle3.stages import StageContext, check_config
+from eagle3.stages import StageContext
 from eagle3.stages.prep import PREP
-from tests.conftest import compose_config
+from tests.conftest import compose_config, compose_settings, job_settings
 
 RAW = Path(__file__).parent / "fixtures" / "raw"
 
@@ -22,8 +23,7 @@ def make_cfg(tmp_path: Path, overrides: tuple[str, ...] = (), **sources: dict):
     """The composed root config with `sources` as the dataset (each a DatasetSourceConfig's fields)."""
     cfg = compose_config([f"paths.root={tmp_path / 'art'}", *overrides])
     cfg.dataset.sources = {name: DatasetSourceConfig(**spec) for name, spec in sources.items()}
-    assert check_config(cfg) == []
-    return cfg
+    return job_settings(cfg)
 
 
 def run_prep(cfg, tmp_path: Path) -> dict[str, Manifest]:
@@ -147,7 +147,7 @@ def test_sampling_is_seeded_nested_and_in_key_order(tmp_path):
     runs = {}
     cfg = make_cfg(tmp_path, nest={"track": "prompt_only", "schema": "sharegpt", "data_files": [path]})
     for n in (5, 15, None):
-        cfg.dataset.sources.nest.num_samples = n
+        cfg.dataset.sources["nest"].num_samples = n
         runs[n] = run_prep(cfg, tmp_path)["nest"]
     ids = {n: [r["id"] for r in outputs(m)] for n, m in runs.items()}
     assert len(ids[5]) == 5 and len(ids[15]) == 15 and len(ids[None]) == 40
@@ -155,7 +155,7 @@ def test_sampling_is_seeded_nested_and_in_key_order(tmp_path):
     assert ids[None] == sorted(ids[None], key=lambda rid: sampling_key(0, rid))
     assert runs[5].counts["rejected"] == {"not_sampled": 35} and reconciles(runs[5])
     assert runs[5].extra["available"] == 40
-    cfg.seed, cfg.dataset.sources.nest.num_samples = 7, 5
+    cfg.data.seed, cfg.dataset.sources["nest"].num_samples = 7, 5
     assert [r["id"] for r in outputs(run_prep(cfg, tmp_path)["nest"])] != ids[5]
 
 
@@ -172,8 +172,8 @@ def test_dedupe_keeps_the_smallest_key_whatever_the_read_order(tmp_path):
         expected = min(group, key=lambda rid: sampling_key(seed, rid))
         winners.add(expected)
         for path in (forward, backward):
-            cfg.seed = seed  # data.seed follows it
-            cfg.dataset.sources.d.data_files = [path]
+            cfg.data.seed = seed
+            cfg.dataset.sources["d"].data_files = [path]
             m = run_prep(cfg, tmp_path)["d"]
             kept = {r["id"] for r in outputs(m)}
             assert kept == {expected, "d:q1", "d:q2"}
@@ -247,8 +247,8 @@ def test_hub_source_goes_through_load_dataset_with_plain_args_and_no_token(tmp_p
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     monkeypatch.setattr("eagle3.stages.prep.latest_dataset_commit", lambda hub_id: "9" * 40)  # the hub is offline here
-    cfg = compose_config([f"paths.root={tmp_path / 'art'}", f"paths.hf_cache={tmp_path / 'hf'}", "dataset=ultrachat",
-                          "dataset.sources.ultrachat.streaming=true", "dataset.sources.ultrachat.num_samples=1"])
+    cfg = compose_settings([f"paths.root={tmp_path / 'art'}", f"paths.hf_cache={tmp_path / 'hf'}", "dataset=ultrachat",
+                            "dataset.sources.ultrachat.streaming=true", "dataset.sources.ultrachat.num_samples=1"])
     m = run_prep(cfg, tmp_path)["ultrachat"]
     [(args, kwargs)] = calls
     assert args == ("HuggingFaceH4/ultrachat_200k", None)

@@ -17,13 +17,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.config.convert import to_settings
+from eagle3.cli import check_config
 from eagle3.reports.sweep_report import PLOT_FILES, REPORT_FILES, render_markdown, table
-from eagle3.stages import StageContext, check_config, stage_names, stages_to_run
+from eagle3.stages import StageContext, stage_names, stages_to_run
 from eagle3.sweeps.collect import build_report, resolve_sweep_dir
 from eagle3.sweeps.collect import report_sweep as write_sweep_report
 from eagle3.sweeps.jobs import JOB_FILE
-from tests.conftest import compose_config, run_cli
+from tests.conftest import compose_config, compose_settings, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EVAL_SIZE = 4
@@ -296,8 +296,7 @@ def test_stage_writes_into_newest_sweep_and_run_dir_and_logs_rows_to_the_sweeps_
     older = make_sweep(root, "2025-12-31_00-00-00", JOBS[:1])
     os.utime(older / "multirun.yaml", (1_000_000_000, 1_000_000_000))
     sweep = make_sweep(root)
-    cfg = compose_config(["stage=report", f"paths.root={root}", "logger=wandb"])
-    assert check_config(cfg) == []
+    cfg = compose_settings(["stage=report", f"paths.root={root}", "logger=wandb"])
     [stage] = stages_to_run("report")
     run_dir = tmp_path / "runs" / "2026-01-03_00-00-00_report"
     try:
@@ -386,7 +385,7 @@ def test_a_jobs_wandb_run_ends_with_the_jobs_outcome(tmp_path, monkeypatch, fail
     from tests.wandb_records import read_run
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # offline
-    config = to_settings(compose_config([f"paths.root={tmp_path}", "logger=wandb"]))
+    config = compose_settings([f"paths.root={tmp_path}", "logger=wandb"])
     [logger] = job_loggers(config, tmp_path / "run")
     logger.log_metrics({"x": 1.0})
     finish_job(failed=failed)

@@ -10,11 +10,12 @@ import math
 import numpy as np
 import pytest
 
+from eagle3.cli import check_config
 from eagle3.paths import PROJECT_ROOT
-from eagle3.stages import StageContext, check_config, stages_to_run
+from eagle3.stages import StageContext, stages_to_run
 from eagle3.sweeps.collect import _accept_length_se, build_report
 from eagle3.sweeps.scale_curve import ALPHAS, fit_scale_curve, holdout_check
-from tests.conftest import compose_config
+from tests.conftest import compose_config, compose_settings
 from tests.test_report_stage import make_sweep
 
 DEMO_SWEEP = PROJECT_ROOT / "docs" / "experiments" / "data_scale" / "sweep_report.json"
@@ -122,8 +123,7 @@ DEMO_JOBS = ((0, 64, 2.405, {"3": 2.241, "5": 2.388}, 40.5), (1, 128, 3.145, {"3
 def test_stage_report_prints_the_curve_and_the_scale_and_cost_of_a_target_tau(tmp_path, capsys):
     root = tmp_path / "artifacts"
     sweep = make_sweep(root, jobs=DEMO_JOBS)
-    cfg = compose_config(["stage=report", f"paths.root={root}", "report.target_tau=4.8"])
-    assert check_config(cfg) == []
+    cfg = compose_settings(["stage=report", f"paths.root={root}", "report.target_tau=4.8"])
     [stage] = stages_to_run("report")
     stage(cfg, StageContext(root=root, run_dir=tmp_path / "run"))
     printed = capsys.readouterr().out
@@ -195,7 +195,7 @@ def test_the_plan_reads_the_tau_its_training_set_should_reach_off_a_sweep_of_the
     root = tmp_path / "artifacts"
     plan_overrides = ["stage=plan", f"paths.root={root}", "dataset.sources.demo_prompts.num_samples=4000",
                       "data.scale=3000"]
-    cfg = compose_config(plan_overrides)
+    cfg = compose_settings(plan_overrides)
     demo_target = states_identity(cfg)["target"]["weights"]
     other = make_sweep(root, "2026-01-01_00-00-00", DEMO_JOBS, target={"hashed": "content", "hash": "another"})
     report_sweep(other)

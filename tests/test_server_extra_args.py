@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from eagle3.cli import check_config
 from eagle3.config.convert import to_settings
 from eagle3.serving.commands import ServerConfigError, build_command
 from eagle3.serving.rules import RULED_FLAGS, extra_arg_flags
-from eagle3.stages import check_config
 from tests.conftest import compose_config
 
 KERNEL_LINE = "-- does not run on sm120 (Unsupported architecture); valid: triton, flashinfer (MHA)"

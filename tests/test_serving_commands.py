@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagle3.cli import check_config
 from eagle3.config.convert import to_settings
 from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
@@ -21,7 +22,6 @@ from eagle3.draft.model import Eagle3Draft
 from eagle3.paths import asset_path
 from eagle3.serving.commands import ServerConfigError, build_command, launch_config, sglang_command
 from eagle3.serving.rules import speculative_algorithm_error
-from eagle3.stages import check_config
 from eagle3.target_info import read_config as target_text_config
 from tests.conftest import compose_config
 

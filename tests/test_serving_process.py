@@ -23,13 +23,12 @@ from typing import Optional
 
 import pytest
 
-from eagle3.config.convert import to_settings
 from eagle3.serving.commands import ServerCommand
 from eagle3.serving.process import ServerError, ServerProcess, check_health, server_endpoints
 from eagle3.stages import StageContext
 from eagle3.stages.base import MissingInput
 from eagle3.stages.serve import serve
-from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_settings
 
 CHILD = textwrap.dedent('''
     import http.server, os, signal, subprocess, sys, time
@@ -221,9 +220,9 @@ def test_sigterm_to_the_parent_still_stops_the_server(child, tmp_path):
 
 
 def test_serve_dry_run_prints_a_pasteable_command_and_launches_nothing(tmp_path):
-    cfg = compose_config(["stage=serve", "server=sglang_sm120", "server.speculative.algorithm=null",
-                          "serve.dry_run=true"])
-    ctx = StageContext(root=tmp_path / "artifacts", run_dir=tmp_path / "run").with_settings(cfg)
+    cfg = compose_settings(["stage=serve", "server=sglang_sm120", "server.speculative.algorithm=null",
+                            "serve.dry_run=true"])
+    ctx = StageContext(root=tmp_path / "artifacts", run_dir=tmp_path / "run")
     out = io.StringIO()
     assert serve(cfg, ctx, out=out) == []
     lines = out.getvalue().splitlines()
@@ -234,8 +233,8 @@ def test_serve_dry_run_prints_a_pasteable_command_and_launches_nothing(tmp_path)
 
 
 def test_serve_without_a_trained_draft_says_what_to_do(tmp_path):
-    cfg = compose_config(["stage=serve", "server=sglang", "serve.dry_run=true"])
-    ctx = StageContext(root=tmp_path / "artifacts", run_dir=tmp_path / "run").with_settings(cfg)
+    cfg = compose_settings(["stage=serve", "server=sglang", "serve.dry_run=true"])
+    ctx = StageContext(root=tmp_path / "artifacts", run_dir=tmp_path / "run")
     with pytest.raises(MissingInput) as info:
         serve(cfg, ctx, out=io.StringIO())
     message = str(info.value)
@@ -276,15 +275,15 @@ def fake_sglang(tmp_path: Path) -> Path:
 
 def test_server_endpoints_launches_from_config_or_connects(tmp_path):
     fake, pid_file, port = fake_sglang(tmp_path), tmp_path / "server.pid", free_port()
-    cfg = to_settings(compose_config(["server=sglang", "server.speculative.algorithm=null",
-                                      f"server.python={sys.executable}", f"server.port={port}",
-                                      f"+server.env.PYTHONPATH={fake}", f"+server.env.FAKE_PID_FILE={pid_file}",
-                                      f"paths.root={tmp_path / 'artifacts'}"]))
+    cfg = compose_settings(["server=sglang", "server.speculative.algorithm=null",
+                            f"server.python={sys.executable}", f"server.port={port}",
+                            f"+server.env.PYTHONPATH={fake}", f"+server.env.FAKE_PID_FILE={pid_file}",
+                            f"paths.root={tmp_path / 'artifacts'}"])
     with server_endpoints(cfg, tmp_path / "run") as urls:
         assert urls == [f"http://127.0.0.1:{port}"]
         server_pid = int(pid_file.read_text())
         assert _record(_records(tmp_path), port)["pid"] == server_pid  # under paths.root, for a rerun to find
-        connect = to_settings(compose_config(["server=sglang", f"server.urls=['{urls[0]}/']"]))
+        connect = compose_settings(["server=sglang", f"server.urls=['{urls[0]}/']"])
         with server_endpoints(connect, tmp_path / "run2") as same:
             assert same == urls
         assert alive(server_pid) and not (tmp_path / "run2").exists()  # connect mode launches nothing

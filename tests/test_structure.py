@@ -299,13 +299,9 @@ def test_one_implementation_of_each_thing(pattern, why):
 
 
 #: Where a `DictConfig` may appear in a signature: the Hydra side (the entrypoint, composition and
-#: validation, the stages that fingerprint plain slices of it) and the methods of Hydra's Callback
-#: API, whose signatures Hydra fixes.
-DICTCONFIG_ALLOWED = ("eagle3.cli", "eagle3.config", "eagle3.stages")
+#: validation) and the methods of Hydra's Callback API, whose signatures Hydra fixes.
+DICTCONFIG_ALLOWED = ("eagle3.cli", "eagle3.config")
 HYDRA_CALLBACK_MODULE = "eagle3.sweeps.callback"
-#: The classes that once copied slices of the schema field by field (issue 23): the schema's own
-#: dataclasses (`GenerateHTTPConfig`, `ExtractHTTPConfig`, `BenchConfig`) took their place.
-SCHEMA_COPIES = ("HTTPSettings", "ExtractHTTPSettings", "BenchSettings")
 OMEGACONF_TYPES = re.compile(r"\b(DictConfig|ListConfig|OmegaConf)\b")
 
 
@@ -345,15 +341,6 @@ def test_the_signature_check_sees_a_dictconfig_parameter():
     fn = ast.parse("def f(cfg: 'DictConfig', n: int) -> Optional[ListConfig]: ...").body[0]
     assert isinstance(fn, ast.FunctionDef)
     assert [a for a in _signature_annotations(fn) if OMEGACONF_TYPES.search(a)] == ["'DictConfig'", "Optional[ListConfig]"]
-
-
-def test_the_schema_copies_are_gone():
-    pattern = re.compile(rf"\b({'|'.join(SCHEMA_COPIES)})\b")
-    roots = [PACKAGE, PROJECT_ROOT / "scripts", PROJECT_ROOT / "tests"]
-    hits = [f"{path.relative_to(PROJECT_ROOT)}:{i}" for root in roots for path in sorted(root.rglob("*.py"))
-            if path != Path(__file__) for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-            if pattern.search(line)]
-    assert hits == []
 
 
 #: The exceptions of eagle3 that do not derive from Eagle3Error, and why none of them reaches the

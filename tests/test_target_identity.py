@@ -21,7 +21,7 @@ from eagle3.stages.extract import store_spec
 from eagle3.stages.generate import GENERATE
 from eagle3.stages.prep import PREP
 from eagle3.target_info import target_identity
-from tests.conftest import compose_config
+from tests.conftest import compose_settings
 
 
 def _copy_demo_target(where: Path) -> Path:
@@ -39,7 +39,7 @@ def _retrain_same_shape(checkpoint: Path) -> None:
 
 
 def _generate_config(path: Path, root: Path, *extra: str):
-    cfg = compose_config([f"model.path={path}", f"paths.root={root}", "generate.backend=vllm", "dataset=demo_prompts",
+    cfg = compose_settings([f"model.path={path}", f"paths.root={root}", "generate.backend=vllm", "dataset=demo_prompts",
                           *extra])
     return GENERATE.unit_config(cfg, next(iter(cfg.dataset.sources)))
 
@@ -100,7 +100,7 @@ def test_extract_store_identity_changes_with_same_shape_weights_above_the_full_h
     monkeypatch.setattr(target_info, "FULL_HASH_LIMIT", 1024)
     monkeypatch.setattr(target_info, "SMALL_FILE_BYTES", 512)
     target = _copy_demo_target(tmp_path / "target")
-    cfg = compose_config([f"model.path={target}", f"paths.root={tmp_path / 'art'}"])
+    cfg = compose_settings([f"model.path={target}", f"paths.root={tmp_path / 'art'}"])
     before = store_spec(cfg).fingerprint
     _retrain_same_shape(target)
     assert store_spec(cfg).fingerprint != before
@@ -126,7 +126,7 @@ def test_a_hub_snapshot_directory_is_named_by_its_commit(tmp_path):
 
 
 def _prep_dir(tmp_path: Path, *overrides: str) -> Path:
-    cfg = compose_config([f"paths.root={tmp_path / 'art'}", "dataset=ultrachat", *overrides])
+    cfg = compose_settings([f"paths.root={tmp_path / 'art'}", "dataset=ultrachat", *overrides])
     return PREP.locate(cfg, StageContext(root=tmp_path / "art", run_dir=tmp_path), "ultrachat")[0]
 
 
@@ -159,7 +159,7 @@ def test_a_hub_dataset_is_read_at_one_commit_in_the_first_run_and_every_resume(t
     overrides = [f"paths.root={tmp_path / 'art'}", "dataset=ultrachat"]
     if pinned:
         overrides.append(f"dataset.sources.ultrachat.revision={pinned}")
-    cfg = compose_config(overrides)
+    cfg = compose_settings(overrides)
     ctx = StageContext(root=tmp_path / "art", run_dir=tmp_path)
     with pytest.raises(KeyboardInterrupt):
         PREP(cfg, ctx)

@@ -26,7 +26,7 @@ from eagle3.stages import StageContext
 from eagle3.stages.merge import MERGE
 from eagle3.stages.prep import CONVERSATIONS_FILE, PREP
 from eagle3.stages.tokenize import TOKENIZE, TOKENIZED_FILE
-from tests.conftest import HANG_GUARD_S, RUN_PY, compose_config
+from tests.conftest import HANG_GUARD_S, RUN_PY, compose_settings
 
 TOKENIZER_DIR = asset_path("demo_target")
 TRAINING_TEMPLATE = asset_path("chat_templates/kimi_k25_training.jinja")
@@ -137,7 +137,7 @@ def stage_ctx(root: Path, tmp_path: Path) -> StageContext:
 def test_config_slice_covers_what_changes_the_output(tmp_path):
     data = write_data_file(tmp_path / "data.jsonl", 60)
     root = tmp_path / "art"
-    cfg = compose_config(local_overrides(data, root))
+    cfg = compose_settings(local_overrides(data, root))
     ctx = stage_ctx(root, tmp_path)
     PREP(cfg, ctx)
     [manifest] = TOKENIZE(cfg, ctx)
@@ -150,10 +150,10 @@ def test_config_slice_covers_what_changes_the_output(tmp_path):
     assert manifest.extra["template"] == str(TRAINING_TEMPLATE)
 
     def slice_(*extra):
-        return TOKENIZE.unit_config(compose_config(local_overrides(data, root, extra)), UNIT)
+        return TOKENIZE.unit_config(compose_settings(local_overrides(data, root, extra)), UNIT)
 
     assert slice_("tokenize.num_workers=1", "tokenize.chunk_size=3") == manifest.config
-    assert TOKENIZE.locate(compose_config(local_overrides(data, root, ("tokenize.num_workers=1",))), ctx, UNIT)[1] \
+    assert TOKENIZE.locate(compose_settings(local_overrides(data, root, ("tokenize.num_workers=1",))), ctx, UNIT)[1] \
         is not None  # the worker count does not change the output, so it finds this one
     changed = [slice_(f"dataset.sources.{UNIT}.thinking=false"), slice_("data.max_len=512"),
                slice_("tokenize.overlength=drop"), slice_("model.training_chat_template=null"),
@@ -192,7 +192,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path):
     n = 600
     data = write_data_file(tmp_path / "data.jsonl", n)
     roots = {"killed": tmp_path / "killed", "clean": tmp_path / "clean"}
-    cfgs = {k: compose_config(local_overrides(data, r)) for k, r in roots.items()}
+    cfgs = {k: compose_settings(local_overrides(data, r)) for k, r in roots.items()}
     for key, root in roots.items():
         PREP(cfgs[key], stage_ctx(root, tmp_path))
     killed_dir = TOKENIZE.locate(cfgs["killed"], stage_ctx(roots["killed"], tmp_path), UNIT)[0]
@@ -208,7 +208,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path):
     # Resumed with one worker (in the CLI process): the output must not depend on the worker count.
     rerun = subprocess.run(args(1), capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    clean_cfg = compose_config(local_overrides(data, roots["clean"], ("tokenize.num_workers=1",)))
+    clean_cfg = compose_settings(local_overrides(data, roots["clean"], ("tokenize.num_workers=1",)))
     [clean] = TOKENIZE(clean_cfg, stage_ctx(roots["clean"], tmp_path))
     resumed = Manifest.load(killed_dir)
     assert resumed.status == "complete" and resumed.fingerprint == clean.fingerprint

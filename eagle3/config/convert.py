@@ -1,12 +1,12 @@
 """The composed config as plain Python: the schema's dataclasses for domain code, a dict for a node.
 
-Hydra composes a `DictConfig`; the stages keep it for what only it can do (a unit's fingerprint is
-its plain slice, `require` locates inputs by it), and hand the domain packages the dataclasses of
-`eagle3.config.schema` instead (`to_settings`), so a misspelt key is a type error (mypy) rather than
-a failure halfway through a job. `OmegaConf.to_object` resolves every interpolation on the way: a
-value `${eagle3_checkpoint:...}` derives is read from the checkpoint once, here.
+Hydra composes a `DictConfig`; the job turns it into the dataclasses of `eagle3.config.schema` once
+(`to_settings`, through `eagle3.cli.job_config`) and every stage and domain package reads those,
+so a misspelt key is a type error (mypy) rather than a failure halfway through a job.
+`OmegaConf.to_object` resolves every interpolation on the way: a value `${eagle3_checkpoint:...}`
+derives is read from the checkpoint once, here.
 
-`config_dict` is the other way out, for a fingerprint or a record: `OmegaConf.to_container`
+`config_dict` is the other way out, for a record: `OmegaConf.to_container`
 returns any container or scalar a node can hold; the sections read this way are mappings, and
 it says so once, checked.
 """

@@ -1,17 +1,16 @@
 """Typed schema behind every YAML under conf/, and the one home of every default.
 
 The rule: **a key's default lives here (and in `server_schema`, the engines' nodes), next to its
-type and comment; a YAML file under conf/
-sets only what its option changes** (`model/kimi_k25.yaml` the facts of Kimi-K2.5,
-`train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
+type and comment; a YAML file under conf/ sets only what its option changes** (`model/kimi_k25.yaml`
+the facts of Kimi-K2.5, `train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
 that would drift, and `tests/test_config.py` refuses one. Keys without a sensible default (a
 model's path, its layer count) are MISSING: the chosen option must set them. Code reads the
 composed config and never carries a fallback value of its own.
 
-The dataclasses are registered in Hydra's ConfigStore (see `store.py`), so a misspelt key or a
-value of the wrong type fails at composition. Choices (tracks, backends, formats) are plain
-strings checked by `validate.py` against the lists their owning modules define, which reports
-every bad value at once instead of stopping at the first, as an Enum would.
+A field marked `run_field`/`speed_field`/`use_field` does not key the outputs its stages write
+(`eagle3.config.slices`). The dataclasses are registered in Hydra's ConfigStore
+(`registration.py`), so a misspelt key or a value of the wrong type fails at composition. Choices
+are plain strings checked by the owning package's rules (all bad values reported at once).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from omegaconf import II, MISSING
 
 from eagle3.config.server_schema import BenchConfig, ServeConfig, ServerConfig
+from eagle3.config.slices import run_field, speed_field, use_field
 
 
 @dataclass
@@ -94,6 +94,7 @@ class ModelConfig:
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     thinking: bool = True
+    geometry_from_checkpoint: bool = run_field(False)  # model=auto: the geometry above is read from config.json
     draft: DraftGeometryConfig = field(default_factory=DraftGeometryConfig)
 
 
@@ -114,13 +115,13 @@ class DatasetSourceConfig:
     # generator demo_native: the target whose sampled answers it holds (conf/dataset/demo_native.yaml).
     answered_by: Optional[str] = None
     num_samples: Optional[int] = None  # None = all
-    weight: float = 1.0  # mixture weight (merge stage)
+    weight: float = use_field(1.0)  # mixture weight (merge stage)
     streaming: bool = False
     # Adapter column names, for schemas whose columns vary between releases.
     columns: dict[str, str] = field(default_factory=dict)
     # Thinking mode used when regenerating this source's responses (prompt_only track).
-    thinking: bool = True
-    description: str = ""
+    thinking: bool = use_field(True)
+    description: str = run_field("")
 
 
 @dataclass
@@ -128,7 +129,7 @@ class DatasetConfig:
     """A named mixture of sources (a single dataset is a mixture of one).
 
     `files` (dataset=files, or added to any dataset) lists local files that become one source
-    each, named after the file, with the settings below; `eagle3.stages.dataset_files.expand_dataset_files`
+    each, named after the file, with the settings below; `eagle3.data.detect.with_file_sources`
     does it right after composition, so every stage sees ordinary sources.
     """
 
@@ -195,33 +196,33 @@ class GenerateHTTPConfig:
     asks, and a resumed run may change it (more endpoints, another concurrency or timeout).
     """
 
-    partitions: list[GeneratePartitionConfig] = field(default_factory=_default_partitions)
+    partitions: list[GeneratePartitionConfig] = speed_field(default_factory=_default_partitions)
     # false: a partition's concurrency is the total over all endpoints; true: per endpoint.
-    concurrency_per_endpoint: bool = False
-    endpoint_strategy: str = "least_busy"  # least_busy | round_robin
+    concurrency_per_endpoint: bool = speed_field(False)
+    endpoint_strategy: str = speed_field("least_busy")  # least_busy | round_robin
     # Prompt tokens are estimated as characters / chars_per_token (low = conservative).
-    chars_per_token: float = 3.0
-    request_timeout_s: float = 1800.0  # whole request (non-streaming), attempts separately
-    connect_timeout_s: float = 30.0
-    max_attempts: int = 6  # per request; timeouts, connection loss, HTTP 429/5xx are retried
-    backoff_s: float = 1.0  # exponential backoff base (with jitter), capped at max_backoff_s
-    max_backoff_s: float = 60.0
+    chars_per_token: float = speed_field(3.0)
+    request_timeout_s: float = run_field(1800.0)  # whole request (non-streaming), attempts separately
+    connect_timeout_s: float = run_field(30.0)
+    max_attempts: int = run_field(6)  # per request; timeouts, connection loss, HTTP 429/5xx are retried
+    backoff_s: float = run_field(1.0)  # exponential backoff base (with jitter), capped at max_backoff_s
+    max_backoff_s: float = run_field(60.0)
     # Stop the run after this many requests in a row failed for good (the endpoints are down)
     # instead of sending the rest into a dead server. Failed conversations are never rejected:
     # they stay undone and the next run of the same command retries them. 0 = never stop.
-    max_consecutive_failures: int = 64
-    connect_wait_s: float = 60.0  # how long to wait at start for a first endpoint to answer
+    max_consecutive_failures: int = run_field(64)
+    connect_wait_s: float = run_field(60.0)  # how long to wait at start for a first endpoint to answer
     # Batches regenerated at once (each advances turn by turn); null = enough to fill the
     # largest partition twice over.
-    inflight_batches: Optional[int] = None
-    model: Optional[str] = None  # served model name; null = the first of the server's /v1/models
+    inflight_batches: Optional[int] = speed_field(None)
+    model: Optional[str] = run_field(None)  # served model name; null = the first of the server's /v1/models
     # Sent as chat_template_kwargs; the source's thinking mode is added under each thinking key
     # (Kimi-K2.5 reads `thinking`, Qwen3-style templates `enable_thinking`).
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     thinking_keys: list[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
     extra_body: dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
     # Seconds between stage generate's progress lines when no terminal watches (any backend; batch jobs)
-    log_every_s: float = 30.0
+    log_every_s: float = run_field(30.0)
 
 
 @dataclass
@@ -239,7 +240,7 @@ class GenerateConfig:
     length_policy: str = "keep_flagged"  # keep_flagged | drop
     # Copy batches that an earlier generate output of the same source ran under the same config
     # (a smaller num_samples: its sample is a prefix) instead of generating them again.
-    reuse_earlier: bool = True
+    reuse_earlier: bool = speed_field(True)
     # Client of the vLLM/SGLang server (generate.backend=vllm|sglang), launched or at generate.server.urls.
     http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
     # The server of generate.backend=vllm|sglang: launched for the stage, or running at its `urls`
@@ -340,7 +341,7 @@ class TrainConfig:
     # (extract.storage_format), read from it afterwards (eagle3.states.hybrid).
     hidden_states: str = "store"
     # hybrid: the store's size cap in GB (decimal); samples past it are computed every epoch. null = no cap.
-    hybrid_store_gb: Optional[float] = None
+    hybrid_store_gb: Optional[float] = speed_field(None)
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     # What to do with positions whose target argmax is outside the draft vocab.
@@ -379,12 +380,12 @@ class TrainConfig:
     attention_block: int = 256
     # Draft-vocab logits kept for backward across a batch's TTT steps (GiB); the steps past it
     # recompute theirs in backward (one more head product each) instead of holding them.
-    logits_memory_gb: float = 4.0
-    log_every_n_steps: int = 10
+    logits_memory_gb: float = speed_field(4.0)
+    log_every_n_steps: int = run_field(10)
     # With no terminal on stderr: a progress line (step, loss, tok/s, time left) this often; 0 = per epoch.
-    progress_every_s: float = 30.0
+    progress_every_s: float = run_field(30.0)
     eval_every_n_epochs: int = 1
-    num_workers: int = 0
+    num_workers: int = run_field(0)
     export_dtype: str = "bfloat16"
 
 

@@ -12,6 +12,8 @@ from typing import Optional
 
 from omegaconf import II
 
+from eagle3.config.slices import run_field, speed_field
+
 
 @dataclass
 class SpeculativeConfig:
@@ -52,27 +54,27 @@ class ServerConfig:
 
     backend: str = "hf"  # hf | sglang | vllm
     # generic | sm120 | h200 | cpu (vLLM's CPU build: VLLM_CPU_* env, libiomp5 preloaded for EAGLE-3)
-    profile: str = "generic"
-    python: str = "python"  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
-    host: str = "127.0.0.1"  # loopback only
-    port: int = 30000
-    urls: list[str] = field(default_factory=list)  # connect to running servers instead (base URLs)
-    tp: int = 1
-    dp: int = 1
+    profile: str = speed_field("generic")
+    python: str = run_field("python")  # interpreter of the server's own environment (e.g. .venv-sglang/bin/python)
+    host: str = run_field("127.0.0.1")  # loopback only
+    port: int = run_field(30000)
+    urls: list[str] = run_field(default_factory=list)  # connect to running servers instead (base URLs)
+    tp: int = speed_field(1)
+    dp: int = speed_field(1)
     dtype: str = "auto"
     context_length: Optional[int] = None
-    mem_fraction_static: Optional[float] = None
+    mem_fraction_static: Optional[float] = speed_field(None)
     # The model's parsers (Kimi: kimi_k2), so served answers split reasoning and tool calls.
     reasoning_parser: Optional[str] = II("model.reasoning_parser")
     tool_call_parser: Optional[str] = II("model.tool_call_parser")
     trust_remote_code: bool = II("model.trust_remote_code")
-    startup_timeout_s: float = 1800.0  # until the health endpoint answers 200
-    vllm_cpu_kvcache_gb: int = 1  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
-    kernels: KernelBackendsConfig = field(default_factory=KernelBackendsConfig)
-    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    startup_timeout_s: float = run_field(1800.0)  # until the health endpoint answers 200
+    vllm_cpu_kvcache_gb: int = speed_field(1)  # profile=cpu: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)
+    kernels: KernelBackendsConfig = speed_field(default_factory=KernelBackendsConfig)
+    speculative: SpeculativeConfig = speed_field(default_factory=SpeculativeConfig)
     # Set on top of what the launcher derives (SGLANG_ENABLE_SPEC_V2, SGL_ENABLE_JIT_DEEPGEMM,
     # VLLM_CPU_*, LD_PRELOAD); a key here wins.
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = speed_field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)  # appended verbatim (not --host/--port/--speculative-*)
 
 
@@ -99,7 +101,7 @@ class BenchConfig:
     repeats: int = 3  # timed passes over all prompts; tok/s is the median pass (shared cores are noisy)
     baseline: bool = True  # also measure the target alone (speedup); false = speculative only
     # With server.urls (connect mode: nothing launched) the baseline server's URLs.
-    baseline_urls: list[str] = field(default_factory=list)
+    baseline_urls: list[str] = run_field(default_factory=list)
     # At or below this accept length under speculation the draft is unused: FAILED, not a number.
     min_accept_length: float = 1.05
-    request_timeout_s: float = 600.0
+    request_timeout_s: float = run_field(600.0)

@@ -16,7 +16,7 @@ import dataclasses
 import difflib
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any, Optional, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
@@ -29,6 +29,8 @@ from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SE
 
 #: A config rule: appends one line per violation of the typed config to the errors (`eagle3.stages.config_rules`).
 Rule = Callable[[Eagle3Config, ConfigErrors], None]
+#: The config completed by the domain before the rules run, its mistakes appended to the errors.
+Completion = Callable[[Eagle3Config, ConfigErrors], Eagle3Config]
 
 
 def _check_derived(model: DictConfig, err: ConfigErrors) -> bool:
@@ -144,8 +146,10 @@ def _check_secrets(node: Any, key: str, err: ConfigErrors) -> None:
         err.add(found.key, found.shown, found.why, found.valid)
 
 
-def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule] = ()) -> list[str]:
-    """All rule violations of a composed config, one line each (empty = valid).
+def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule] = (),
+                    complete: Optional[Completion] = None) -> tuple[Optional[Eagle3Config], list[str]]:
+    """The config as the schema's dataclasses, and all its rule violations, one line each (empty = valid;
+    the config is None when it does not convert).
 
     The generic checks run here (the stage name, values `model=auto` cannot derive, missing and
     unknown keys, secrets, the top-level keys); the domain rules come from the caller, which sits
@@ -156,6 +160,8 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
         stages: Valid values of `stage`.
         rules: The domain rules, each `rule(settings, errors)` on the config as the schema's dataclasses
             (once the generic checks found every value resolvable), in the order their lines are reported.
+        complete: What the domain makes of the config before the rules read it (`dataset.files` into
+            sources: `eagle3.data.detect.with_file_sources`); its mistakes go to the errors too.
     """
     err = ConfigErrors()
     stages = tuple(stages)
@@ -174,7 +180,7 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
             err.add("config", "<interpolation>", f"cannot be resolved: {exc}".splitlines()[0])
         plain = OmegaConf.to_container(cfg, resolve=False)
     if missing or underived:
-        return err.lines  # the rules below read those keys
+        return None, err.lines  # the rules below read those keys
     _check_secrets(plain, "", err)
     _check_known_keys(cfg, "", err)
     err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
@@ -183,7 +189,9 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
         settings = to_settings(cfg)
     except Exception as exc:  # noqa: BLE001 - reported as the config's one line; the rules need the typed config
         err.add("config", "<schema>", f"does not convert to the schema's dataclasses: {exc}".splitlines()[0])
-        return err.lines
+        return None, err.lines
+    if complete is not None:
+        settings = complete(settings, err)
     for rule in rules:
         rule(settings, err)
-    return err.lines
+    return settings, err.lines

@@ -13,9 +13,8 @@ not evidence about the file: it is left out of the decision (unless no record fi
 prep rejects it, just as it rejects the same record further down the file.
 
 `files_sources` is what the list stands for: ordinary sources (one per file, named after it).
-`eagle3.stages.dataset_files.expand_dataset_files` puts them in the composed config right after
-composition, so every stage and the validator see plain sources; the entrypoint
-(`eagle3.cli.run_job`) and `tests/conftest.compose_config` call it.
+`with_file_sources` puts them in the typed config when it is validated (`eagle3.cli.job_config`),
+before the rules read it, so every rule and stage sees plain sources, fingerprinted as listed ones.
 """
 
 from __future__ import annotations
@@ -23,12 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, cast
 
 from eagle3.config.checks import ConfigErrors
-from eagle3.config.schema import DatasetConfig, DatasetSourceConfig
+from eagle3.config.schema import DatasetConfig, DatasetSourceConfig, Eagle3Config
 from eagle3.data.adapters import ADAPTERS, Adapter
 from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, UnreadableDataFile, file_kind, head_records
@@ -279,3 +278,21 @@ def files_sources(dataset: DatasetConfig, err: ConfigErrors,
                                             **settings)
     return sources, notes
 
+
+
+def with_file_sources(config: Eagle3Config, err: ConfigErrors) -> Eagle3Config:
+    """`config` with `dataset.files` turned into sources (one per file) and emptied; each file's schema logged.
+
+    When any file or option is wrong, its line goes to `err` and the config comes back unchanged
+    (the rules then skip the files: their mistakes are reported here, once each).
+    """
+    dataset = config.dataset
+    if not dataset.files:
+        return config
+    before = len(err.lines)
+    sources, notes = files_sources(dataset, err)
+    if len(err.lines) > before:
+        return config
+    for note in notes:
+        log.info("%s", note)
+    return replace(config, dataset=replace(dataset, sources={**dataset.sources, **sources}, files=None))

@@ -12,7 +12,6 @@ from eagle3.config.checks import ConfigErrors
 from eagle3.config.schema import DatasetConfig, Eagle3Config
 from eagle3.data.adapters import ADAPTERS
 from eagle3.data.conversation import TRACKS
-from eagle3.data.detect import files_sources
 from eagle3.data.loading import SUPPORTED_SUFFIXES, file_kind
 from eagle3.data.render import ANSWER_IDS, OVERLENGTH_POLICIES
 
@@ -24,13 +23,7 @@ def check_dataset(cfg: Eagle3Config, err: ConfigErrors) -> None:
 
 def _check_dataset(dataset: DatasetConfig, err: ConfigErrors) -> None:
     if dataset.files:
-        # Still listed: `expand_dataset_files` could not turn them into sources; say why, one line each.
-        before = len(err.lines)
-        files_sources(dataset, err)
-        if len(err.lines) == before:
-            err.add("dataset.files", dataset.files, "never turned into sources (a config composed without "
-                    "eagle3.stages.dataset_files.expand_dataset_files)",
-                    "call expand_dataset_files(cfg) after composing")
+        pass  # still listed: `with_file_sources`, which ran before the rules, put each mistake in `err`
     elif not dataset.sources and dataset.files is not None:
         err.add("dataset.files", [], "names no file", "dataset.files=[a.jsonl,b.parquet] (local "
                 + ", ".join(SUPPORTED_SUFFIXES) + " files)")

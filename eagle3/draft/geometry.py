@@ -119,15 +119,6 @@ class DraftGeometry:
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
-def fingerprinted_draft(draft: Mapping[str, Any]) -> dict[str, Any]:
-    """`model.draft` as the train fingerprint holds it: a llama draft leaves out `attention` and the
-    MLA fields, so its units keep the fingerprints they had before MLA drafts (and the planner, which
-    matches earlier train manifests by it, finds them)."""
-    if draft.get("attention", ATTENTION_LLAMA) != ATTENTION_LLAMA:
-        return dict(draft)
-    return {k: v for k, v in draft.items() if k != "attention" and k not in MLA_FIELDS}
-
-
 def _mla_fields(target_cfg: Mapping[str, Any], o: Mapping[str, Any]) -> dict[str, int]:
     """The MLA geometry: `model.draft` overrides, else the target's; refuses an incomplete one."""
     values: dict[str, Any] = {name: o.get(name) or target_cfg.get(name) for name in MLA_FIELDS}

@@ -8,10 +8,9 @@ token-epochs, and the extract preflight's disk check. Counts come from the manif
 that already ran; the rest is derived from the config and marked with its basis
 (`eagle3.planning.figures`). No model, tokenizer or dataset is loaded.
 
-The figures come from the typed config (`Eagle3Config`); what only the composed Hydra config can
-answer -- a stage's units and their fingerprinted directories -- comes through a `ChainView`,
-which the stages implement (`eagle3.stages.plan.ConfigChain`): fingerprints are plain slices of
-that config, and the plan must find the very directories the stages would use.
+The figures come from the typed config (`Eagle3Config`); what only the stages can answer -- their
+units and fingerprinted directories -- comes through a `ChainView`, which the stages implement
+(`eagle3.stages.plan.ConfigChain`): the plan must find the very directories the stages would use.
 """
 
 from __future__ import annotations
@@ -279,9 +278,9 @@ def _human(n: int) -> str:
     return format_bytes(n)
 
 
-def _model_source(config: Eagle3Config, chain: ChainView) -> Optional[str]:
+def _model_source(config: Eagle3Config) -> Optional[str]:
     """The config.json `model=auto` read the target's geometry from; None when the config spells it out."""
-    if not chain.derived_from_checkpoint():
+    if not config.model.geometry_from_checkpoint:
         return None
     m = config.model
     return str(target_config(m.path, m.revision, m.text_config_key, config.paths.hf_cache).file)
@@ -295,7 +294,7 @@ def _header(config: Eagle3Config, chain: ChainView, root: Path) -> dict[str, Any
     m = config.model
     g = config_geometry(m)
     return {"experiment": experiment, "dataset": config.dataset.name, "model": m.name,
-            "model_source": _model_source(config, chain), "num_layers": m.num_layers, "vocab_size": m.vocab_size,
+            "model_source": _model_source(config), "num_layers": m.num_layers, "vocab_size": m.vocab_size,
             "hidden_size": m.hidden_size, "capture_layers": list(m.capture_layers),
             "draft_vocab_size": g.draft_vocab_size, "fc_in_features": g.fc_in_features,
             "draft": {"attention": g.attention, "num_layers": g.num_layers, "hidden_size": g.hidden_size,

@@ -13,13 +13,12 @@ before the 100K one - is an `estimate` and names the directory it came from.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.artifacts import MANIFEST_NAME, STATUS_COMPLETE, Manifest
 from eagle3.config.schema import Eagle3Config
-from eagle3.draft.geometry import fingerprinted_draft
+from eagle3.config.slices import fingerprinted
 from eagle3.draft.options import HIDDEN_STATE_MODES, HYBRID, ONLINE, STORE
 from eagle3.engines import IN_PROCESS
 from eagle3.errors import MissingInput
@@ -84,7 +83,7 @@ class _Rates:
 
     def train(self, mode: str, own: Optional[Path]) -> Optional[Figure]:
         """Training tokens/s in `mode` for this draft and batch (online: also this state source)."""
-        draft = fingerprinted_draft(asdict(self.config.model.draft))  # as train's fingerprint holds it
+        draft = fingerprinted(self.config.model.draft)  # as train's fingerprint holds it
         batch = self.config.train.batch_tokens
 
         def applies(m: Manifest) -> bool:

@@ -1,8 +1,8 @@
-"""The stages' side of a plan: what only the composed Hydra config answers.
+"""The stages' side of a plan: where each unit is, and what its inputs are.
 
-A unit's directory is fingerprinted from plain slices of the composed config, so the plan asks the
-stages themselves where each unit is (`eagle3.stages.plan.ConfigChain` implements this over that
-config) and derives every figure from the typed config (`Eagle3Config`).
+A unit's directory is fingerprinted from the slice its stage declares, so the plan asks the stages
+themselves where each unit is (`eagle3.stages.plan.ConfigChain` implements this view) and derives
+every figure from the typed config (`Eagle3Config`).
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ class ChainView(Protocol):
 
     def states_identity(self) -> dict[str, Any]:
         """What the hidden states are a function of (online training fingerprints it)."""
-        ...
-
-    def derived_from_checkpoint(self) -> bool:
-        """Whether `model=auto` read the target's geometry from its checkpoint (the typed config
-        holds only the values, not where they came from)."""
         ...
 
     def in_mode(self, hidden_states: str) -> ChainView:

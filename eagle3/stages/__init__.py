@@ -1,13 +1,14 @@
 """The explicit stage registry: every stage `scripts/run.py stage=<name>` can run.
 
-A stage is a plain callable `(cfg, ctx) -> list[Manifest]`: config and input manifests in,
-artifacts and one manifest per output unit out. `stage=all` runs CHAIN in order; a unit whose
-output is complete for the same inputs and config is skipped, so the chain is cheap to re-run.
+A stage is a plain callable `(config, ctx) -> list[Manifest]` of the typed config (`Eagle3Config`):
+config and input manifests in, artifacts and one manifest per output unit out. `stage=all` runs
+CHAIN in order; a unit whose output is complete for the same inputs and config is skipped, so the
+chain is cheap to re-run.
 STANDALONE stages (`serve`, `bench`, `report`, `plan`) run only when named. A stage may name
 config rules of its own (`rules`), which validation runs before any work when it is asked for.
 The rules every config is checked against are listed here too (`CONFIG_RULES`, `SETTINGS_RULES`):
-each lives in the package that owns what it checks, and this package, above all of them, hands
-them to `eagle3.config.validate` (which imports no domain package).
+each lives in the package that owns what it checks, and `eagle3.cli.job_config` hands them to
+`eagle3.config.validate` (which imports no domain package).
 
 Entries name their module instead of importing it: stages pull in torch, transformers and
 datasets, and a mistyped stage name or `--cfg job` should answer in a fraction of a second.
@@ -20,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from eagle3.artifacts import Manifest
+from eagle3.config.schema import Eagle3Config
 from eagle3.stages.base import MissingInput, StageContext, UnitStage, require
 
-__all__ = ["ALL", "CHAIN", "CONFIG_RULES", "check_config", "config_rules", "REGISTRY", "SETTINGS_RULES", "STANDALONE",
+__all__ = ["ALL", "CHAIN", "CONFIG_RULES", "config_rules", "REGISTRY", "SETTINGS_RULES", "STANDALONE",
            "MissingInput", "RegisteredStage", "StageContext", "UnitStage", "require", "stage_names", "stage_rules",
            "stages_to_run"]
 
@@ -38,7 +41,7 @@ class RegisteredStage:
 
     name: str
     target: str
-    rules: Optional[str] = None  # `module:function(cfg, errors)`, checked before this stage runs
+    rules: Optional[str] = None  # `module:function(config, errors)`, checked before this stage runs
 
     def load(self) -> UnitStage:
         return _resolve(self.target)
@@ -50,8 +53,8 @@ class RegisteredStage:
     def help(self) -> str:
         return self.load().help
 
-    def __call__(self, cfg, ctx):
-        return self.load()(cfg, ctx)
+    def __call__(self, config: Eagle3Config, ctx: StageContext) -> list[Manifest]:
+        return self.load()(config, ctx)
 
 
 # Pipeline order (docs/design.md, 'Pipeline').
@@ -76,7 +79,7 @@ STANDALONE: tuple[RegisteredStage, ...] = (
 REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, *STANDALONE)}
 ALL = "all"
 
-# Config rules (`module:function(cfg, errors)`) run for every config, after the generic checks of
+# Config rules (`module:function(config, errors)`) run for every config, after the generic checks of
 # `eagle3.config.validate`, in the order their lines are reported: first what every job composes
 # (the target and draft, the dataset, the servers), then the rules of the stages asked for, then
 # every stage's own settings (each is cheap, and `stage=all` reads them all).
@@ -105,13 +108,6 @@ def stage_names() -> list[str]:
 def stages_to_run(stage: str) -> list[RegisteredStage]:
     """The stages `stage=<name>` means (`all` = the chain)."""
     return list(CHAIN) if stage == ALL else [REGISTRY[stage]]
-
-
-def check_config(cfg: Any) -> list[str]:
-    """Every rule violation of a composed config, the rules of the stages it asks for included."""
-    from eagle3.config.validate import validate_config
-
-    return validate_config(cfg, stage_names(), config_rules(str(cfg.stage)))
 
 
 def config_rules(stage: str) -> list[Callable]:

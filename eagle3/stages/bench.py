@@ -43,10 +43,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
-from eagle3.config.convert import config_dict
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.slices import fingerprinted
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import bench_report
@@ -64,86 +63,78 @@ from eagle3.target_info import target_identity
 
 log = logging.getLogger("eagle3")
 
-FORMAT_VERSION = 1
+# 2: the slice is the schema's fingerprint of `bench` and `server`, speed included (eagle3.config.slices)
+FORMAT_VERSION = 2
 
 
-def _connect_mode(cfg: DictConfig) -> bool:
-    return bool(cfg.server.urls)
+def _connect_mode(config: Eagle3Config) -> bool:
+    return bool(config.server.urls)
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    server = config_dict(cfg.server, resolve=True)
-    # Where and how long, not what is measured: a bench on another port is the same bench.
-    for key in ("python", "host", "port", "startup_timeout_s"):
-        server.pop(key, None)
-    if not _connect_mode(cfg):
-        server.pop("urls", None)
-    bench = config_dict(cfg.bench, resolve=True)
-    bench.pop("request_timeout_s", None)
-    # A key bench no longer has (issue 23: the chain is the config's own, found without a search),
-    # kept at its old value so that benches of earlier versions keep their fingerprints.
-    bench["data_backend"] = None
-    if not _connect_mode(cfg):
-        bench.pop("baseline_urls", None)
-    model = target_identity(str(cfg.model.path), cfg.model.revision, cfg.paths.hf_cache)
-    return {"bench": bench, "server": server, "model": model,
-            "format": FORMAT_VERSION}
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    """What is measured: the bench settings and the served engine with everything that changes its
+    speed (a bench on another port is the same bench); in connect mode, which servers."""
+    model = target_identity(config.model.path, config.model.revision, config.paths.hf_cache)
+    slice_ = {"bench": fingerprinted(config.bench, speed=True), "server": fingerprinted(config.server, speed=True),
+              "model": model, "format": FORMAT_VERSION}
+    if _connect_mode(config):
+        slice_["endpoints"] = {"speculative": list(config.server.urls), "baseline": list(config.bench.baseline_urls)}
+    return slice_
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     from eagle3.stages.merge import MERGE
     from eagle3.stages.train import TRAIN
 
-    inputs = {"merged": require(MERGE, cfg, ctx, unit)}
-    if not _connect_mode(cfg) and cfg.server.speculative.draft_path is None:
-        inputs["train"] = require(TRAIN, cfg, ctx, unit)
+    inputs = {"merged": require(MERGE, config, ctx, unit)}
+    if not _connect_mode(config) and config.server.speculative.draft_path is None:
+        inputs["train"] = require(TRAIN, config, ctx, unit)
     return inputs
 
 
-def resolve_bench_draft(cfg: DictConfig, ctx: StageContext, unit: str) -> Optional[Path]:
+def resolve_bench_draft(config: Eagle3Config, ctx: StageContext, unit: str) -> Optional[Path]:
     """`server.speculative.draft_path`, else this chain's export for the benchmarked engine."""
     from eagle3.stages.train import EXPORT_DIR
 
-    spec = cfg.server.speculative
+    spec = config.server.speculative
     if spec.draft_path is not None:
-        return Path(str(spec.draft_path)).expanduser()
-    if _connect_mode(cfg):
+        return Path(spec.draft_path).expanduser()
+    if _connect_mode(config):
         return None  # someone else's server: whatever it serves
-    return _unit_inputs(cfg, ctx, unit)["train"].directory / EXPORT_DIR / str(cfg.server.backend)
+    return _unit_inputs(config, ctx, unit)["train"].directory / EXPORT_DIR / config.server.backend
 
 
 @contextlib.contextmanager
-def _server(cfg: DictConfig, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
+def _server(config: Eagle3Config, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
     """`{"url", "command"}` of the server for `mode`, launched (and stopped) unless connecting."""
     from eagle3.serving.commands import build_command, launch_config
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
-    settings = ctx.config
-    server = settings.server
-    if _connect_mode(cfg):
-        urls = list(server.urls) if mode == SPECULATIVE else list(settings.bench.baseline_urls)
-        healthy = check_health(urls, str(server.backend), timeout_s=30.0)
+    server = config.server
+    if _connect_mode(config):
+        urls = list(server.urls) if mode == SPECULATIVE else list(config.bench.baseline_urls)
+        healthy = check_health(urls, server.backend, timeout_s=30.0)
         yield {"url": healthy[0], "command": None, "launched": False}
         return
     # The baseline is the target alone: the same server with speculation off.
-    launch = launch_config(settings, "server", speculative=mode == SPECULATIVE)
+    launch = launch_config(config, "server", speculative=mode == SPECULATIVE)
     command = build_command(launch, draft if mode == SPECULATIVE else None)
     log_path = ctx.run_dir / f"bench-{mode}-{command.backend}.log"
     log.info("bench: starting the %s server: %s (log %s)", mode, command.shell(), log_path)
     started = time.perf_counter()
     with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
-                       records_dir=records_dir(settings.paths)) as proc:
+                       records_dir=records_dir(config.paths)) as proc:
         log.info("bench: %s server ready at %s after %.0f s", mode, proc.url, time.perf_counter() - started)
         yield {"url": proc.url, "command": command.shell(), "launched": True,
                "startup_s": time.perf_counter() - started, "log": str(log_path)}
 
 
-def _eval_figure(cfg: DictConfig, ctx: StageContext, unit: str, k: int) -> Optional[dict[str, Any]]:
+def _eval_figure(config: Eagle3Config, ctx: StageContext, unit: str, k: int) -> Optional[dict[str, Any]]:
     """The in-process eval's accept length at K drafted tokens, when its output is complete."""
     from eagle3.stages.eval import EVAL
 
     try:
-        where, manifest = EVAL.locate(cfg, ctx, unit)
+        where, manifest = EVAL.locate(config, ctx, unit)
     except MissingInput:
         return None
     report_path = where / EVAL_REPORT_FILES["json"]
@@ -157,35 +148,35 @@ def _eval_figure(cfg: DictConfig, ctx: StageContext, unit: str, k: int) -> Optio
             "num_prompts": row.get("num_prompts"), "max_new_tokens": row.get("max_new_tokens")}
 
 
-def benchmark(cfg: DictConfig, ctx: StageContext, unit: str, prompts: list[dict],
+def benchmark(config: Eagle3Config, ctx: StageContext, unit: str, prompts: list[dict],
               draft: Optional[Path]) -> dict[str, Any]:
     """Both modes measured on `prompts` with this config's servers (`eagle3.serving.benchmark`)."""
-    server = cfg.server
-    k = int(server.speculative.num_steps)
+    server = config.server
+    k = server.speculative.num_steps
     header = {"dataset": unit, "algorithm": server.speculative.algorithm, "k": k,
-              "draft": None if draft is None else str(draft), "connect_mode": _connect_mode(cfg)}
-    if not _connect_mode(cfg):  # before the baseline starts: the speculative server must run here too
+              "draft": None if draft is None else str(draft), "connect_mode": _connect_mode(config)}
+    if not _connect_mode(config):  # before the baseline starts: the speculative server must run here too
         from eagle3.serving.machine import refuse_unservable
 
-        refuse_unservable(str(server.backend), speculative=True)
-    return run_benchmark(str(server.backend), prompts, ctx.config.bench,
-                         lambda mode: _server(cfg, ctx, mode, draft), header, _eval_figure(cfg, ctx, unit, k))
+        refuse_unservable(server.backend, speculative=True)
+    return run_benchmark(server.backend, prompts, config.bench,
+                         lambda mode: _server(config, ctx, mode, draft), header, _eval_figure(config, ctx, unit, k))
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     from eagle3.tracking import job_loggers
 
-    inputs = _unit_inputs(cfg, ctx, unit)
-    prompts = heldout_prompts(inputs["merged"].directory / EVAL_FILE, int(cfg.bench.num_prompts))
+    inputs = _unit_inputs(config, ctx, unit)
+    prompts = heldout_prompts(inputs["merged"].directory / EVAL_FILE, config.bench.num_prompts)
     if not prompts:
         raise BenchmarkFailed(f"bench: the eval split of {inputs['merged'].dir} has no prompt to send (its "
                               "samples start with an assistant turn, or the split is empty)")
     out.count_in(len(prompts))
-    report = benchmark(cfg, ctx, unit, prompts, resolve_bench_draft(cfg, ctx, unit))
+    report = benchmark(config, ctx, unit, prompts, resolve_bench_draft(config, ctx, unit))
     files = bench_report.write_bench_report(report, out.dir)
     copy_files(files, ctx.run_dir)
     flat = bench_report.metrics(report)
-    log_report(job_loggers(ctx.config, ctx.run_dir), flat, images={"bench/throughput": files["png"]},
+    log_report(job_loggers(config, ctx.run_dir), flat, images={"bench/throughput": files["png"]},
                summary={k.replace("/", "_"): v for k, v in flat.items()})
     if report["status"] != "ok":
         raise BenchmarkFailed(failure_message(report, ctx.run_dir / bench_report.REPORT_FILES["md"]))

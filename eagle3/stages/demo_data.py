@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config.schema import Eagle3Config
 from eagle3.demo.datasets import DEMO_NATIVE
 from eagle3.paths import asset_path
 from eagle3.stages.base import StageContext, UnitStage
@@ -23,9 +22,9 @@ DATA_FILE = "data.jsonl"
 DEMO_TARGET = "demo_target"
 
 
-def _answerer(cfg: DictConfig, unit: str) -> str:
+def _answerer(config: Eagle3Config, unit: str) -> str:
     """The target that answers a demo_native source (`answered_by`; unset: the demo target)."""
-    return str(cfg.dataset.sources[unit].get("answered_by") or asset_path(DEMO_TARGET))
+    return config.dataset.sources[unit].answered_by or str(asset_path(DEMO_TARGET))
 
 
 def _target_fingerprint(path: str) -> dict[str, Any]:
@@ -33,38 +32,39 @@ def _target_fingerprint(path: str) -> dict[str, Any]:
     return target_identity(path)
 
 
-def _units(cfg: DictConfig) -> list[str]:
-    return [name for name, src in cfg.dataset.sources.items() if src.generator is not None]
+def _units(config: Eagle3Config) -> list[str]:
+    return [name for name, src in config.dataset.sources.items() if src.generator is not None]
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    src = cfg.dataset.sources[unit]
-    config: dict[str, Any] = {
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    src = config.dataset.sources[unit]
+    slice_: dict[str, Any] = {
         "generator": src.generator,
         "schema": src.schema,
         "track": src.track,
         "num_samples": src.num_samples,
-        "seed": cfg.data.seed,
+        "seed": config.data.seed,
     }
     if src.generator == DEMO_NATIVE:
-        config["target"] = _target_fingerprint(_answerer(cfg, unit))
-    return config
+        slice_["target"] = _target_fingerprint(_answerer(config, unit))
+    return slice_
 
 
-def _no_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+def _no_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     return {}
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     # Imported here: generating demo_native loads torch and the target, which config-only
     # commands (validation, --cfg, stage=plan) should not pay for.
     from eagle3.demo.datasets import write_demo_source
 
-    src = cfg.dataset.sources[unit]
-    answerer = _answerer(cfg, unit)
+    src = config.dataset.sources[unit]
+    assert src.generator is not None and src.num_samples is not None  # the unit's reason; config rules
+    answerer = _answerer(config, unit)
     # Remote code only as the config allows it, and only for the configured target (demo_kimi's tokenizer).
-    trust = bool(cfg.model.trust_remote_code) and answerer == str(cfg.model.path)
-    write_demo_source(out, src.generator, src.num_samples, int(cfg.data.seed), Path(answerer), DATA_FILE,
+    trust = config.model.trust_remote_code and answerer == config.model.path
+    write_demo_source(out, src.generator, src.num_samples, config.data.seed, Path(answerer), DATA_FILE,
                       trust_remote_code=trust)
     return {"schema": src.schema, "track": src.track, "file": DATA_FILE}
 

@@ -18,9 +18,9 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
-
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.slices import fingerprinted
 from eagle3.data.heldout import heldout_prompts
 from eagle3.data.mixture import EVAL_FILE
 from eagle3.reports import eval_report
@@ -34,23 +34,23 @@ FORMAT_VERSION = 1
 EVAL_ENGINE_EXPORT = "vllm"  # the export read back for evaluation (both hold the same tensors)
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    return {"eval": OmegaConf.to_container(cfg.eval, resolve=True), "format": FORMAT_VERSION}
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    return {"eval": fingerprinted(config.eval), "format": FORMAT_VERSION}
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     """The draft; the merged split whose held-out prompts it decodes; and, unless states come from
     the target online, the store of the eval split's hidden states it is scored on."""
     from eagle3.stages.extract import EXTRACT
     from eagle3.stages.merge import MERGE
 
-    inputs = {"train": require(TRAIN, cfg, ctx, unit), "merged": require(MERGE, cfg, ctx, unit)}
-    if not online(cfg):
-        inputs["extract"] = require(EXTRACT, cfg, ctx, unit)
+    inputs = {"train": require(TRAIN, config, ctx, unit), "merged": require(MERGE, config, ctx, unit)}
+    if not online(config):
+        inputs["extract"] = require(EXTRACT, config, ctx, unit)
     return inputs
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
 
     from eagle3.draft.evaluate import (
         load_eval_draft,
@@ -61,18 +61,17 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
     from eagle3.extract.sources import online_states
     from eagle3.tracking import job_loggers
 
-    inputs = _unit_inputs(cfg, ctx, unit)
+    inputs = _unit_inputs(config, ctx, unit)
     trained, merged_dir = inputs["train"], inputs["merged"].directory
-    states = {"merged": inputs["merged"]} if online(cfg) else {"extract": inputs["extract"]}
-    config = ctx.config
+    states = {"merged": inputs["merged"]} if online(config) else {"extract": inputs["extract"]}
     m, ev = config.model, config.eval
     geometry, draft, head = load_eval_draft(trained.directory / EXPORT_DIR / EVAL_ENGINE_EXPORT, m.path,
                                             revision=m.revision, cache_dir=config.paths.hf_cache,
                                             text_config_key=m.text_config_key)
     with contextlib.ExitStack() as stack:  # online: the states of the eval split come from the target now
-        make_source = stack.enter_context(online_states(ctx.config, ctx.run_dir)) if online(cfg) else None
+        make_source = stack.enter_context(online_states(config, ctx.run_dir)) if online(config) else None
         # hybrid: the eval split the train job stored is read, what it did not store is computed (and stored)
-        eval_set = split_dataset(states, "eval", make_source, hybrid_store(cfg, ctx, out.dir))
+        eval_set = split_dataset(states, "eval", make_source, hybrid_store(config, ctx, out.dir))
         simulated = simulated_acceptance(geometry, draft, head, config.train, eval_set, ev.ks,
                                          batch_tokens=config.train.batch_tokens)
         if make_source is not None:

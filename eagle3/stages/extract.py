@@ -23,8 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
 from eagle3.draft.options import COMPUTING_MODES
 from eagle3.extract.preflight import plan_report
@@ -47,55 +45,55 @@ log = logging.getLogger("eagle3")
 FORMAT_VERSION = 1
 
 
-def store_spec(cfg: DictConfig) -> StoreSpec:
+def store_spec(config: Eagle3Config) -> StoreSpec:
     """The store identity this config extracts into (no model load, no data)."""
-    m = cfg.model
-    target = {**target_identity(m.path, m.revision, cfg.paths.hf_cache), "dtype": m.dtype}
+    m = config.model
+    target = {**target_identity(m.path, m.revision, config.paths.hf_cache), "dtype": m.dtype}
     return StoreSpec(model=m.name, target=target,
                      capture_layers=tuple(int(i) for i in m.capture_layers),
-                     storage_format=cfg.extract.storage_format, hidden_size=int(m.hidden_size),
-                     source=str(cfg.extract.backend))
+                     storage_format=config.extract.storage_format, hidden_size=m.hidden_size,
+                     source=config.extract.backend)
 
 
-def store_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.extract.store_root).expanduser().resolve() / store_spec(cfg).dirname
+def store_dir(config: Eagle3Config) -> Path:
+    return Path(config.extract.store_root).expanduser().resolve() / store_spec(config).dirname
 
 
-def states_identity(cfg: DictConfig) -> dict[str, Any]:
+def states_identity(config: Eagle3Config) -> dict[str, Any]:
     """What the hidden states are a function of, stored or not (online training fingerprints it)."""
-    spec = store_spec(cfg)
-    return {"backend": str(cfg.extract.backend), "target": spec.target, "capture_layers": list(spec.capture_layers),
-            "text_config_key": cfg.model.text_config_key}
+    spec = store_spec(config)
+    return {"backend": config.extract.backend, "target": spec.target, "capture_layers": list(spec.capture_layers),
+            "text_config_key": config.model.text_config_key}
 
 
-def _units(cfg: DictConfig) -> list[str]:
+def _units(config: Eagle3Config) -> list[str]:
     # Online training computes states while it trains: there is nothing to store.
-    return [] if str(cfg.train.hidden_states) in COMPUTING_MODES else mixture_unit(cfg)
+    return [] if config.train.hidden_states in COMPUTING_MODES else mixture_unit(config)
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    spec = store_spec(cfg)
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    spec = store_spec(config)
     return {
-        "backend": cfg.extract.backend,
+        "backend": config.extract.backend,
         "target": spec.target,
-        "text_config_key": cfg.model.text_config_key,
+        "text_config_key": config.model.text_config_key,
         "capture_layers": list(spec.capture_layers),
         "storage_format": spec.storage_format,
         **({"format_params": params} if (params := formats.format_params(spec.storage_format)) else {}),
-        "shard": cfg.extract.shard,
-        "num_shards": cfg.extract.num_shards,
+        "shard": config.extract.shard,
+        "num_shards": config.extract.num_shards,
         # Included although the store is keyed without it: on CPU fp32 the states of a sample
         # differ in the last bits (~1e-6 measured) between batch compositions, because GEMM and
         # attention kernels block differently per shape, so the budget does shape this unit's
         # results. The store stays shared across budgets on purpose: those differences are far
         # below the bf16/fp8 storage step, and re-extracting per budget would defeat reuse.
-        "batch_tokens": cfg.extract.batch_tokens,
+        "batch_tokens": config.extract.batch_tokens,
         "format": FORMAT_VERSION,
     }
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    return {"merged": require(MERGE, cfg, ctx, unit)}
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    return {"merged": require(MERGE, config, ctx, unit)}
 
 
 def teacher_head_loader(config: Eagle3Config) -> Callable[[], torch.Tensor]:
@@ -112,29 +110,28 @@ def _teacher_head(config: Eagle3Config) -> torch.Tensor:
                                    text_config_key=m.text_config_key)[1]
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    merged = _unit_inputs(cfg, ctx, unit)["merged"]
-    ex = cfg.extract
-    job = UnitJob(merged_dir=merged.directory, store_dir=store_dir(cfg), spec=store_spec(cfg), shard=ex.shard,
-                  num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=int(cfg.model.vocab_size),
-                  disk_margin_gb=float(ex.disk_margin_gb), assume_free_bytes=ex.assume_free_bytes,
-                  open_source=lambda: open_states(ctx.config, ctx.run_dir),
-                  teacher_head=teacher_head_loader(ctx.config))
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    merged = _unit_inputs(config, ctx, unit)["merged"]
+    ex = config.extract
+    job = UnitJob(merged_dir=merged.directory, store_dir=store_dir(config), spec=store_spec(config), shard=ex.shard,
+                  num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=config.model.vocab_size,
+                  disk_margin_gb=ex.disk_margin_gb, assume_free_bytes=ex.assume_free_bytes,
+                  open_source=lambda: open_states(config, ctx.run_dir),
+                  teacher_head=teacher_head_loader(config))
     return unit_summary(job, out, run_extraction(job, out))
 
 
-def dry_run(cfg: DictConfig) -> str:
+def dry_run(config: Eagle3Config) -> str:
     """The plan's disk estimate (printed by `extract.dry_run=true`)."""
-    from eagle3.config.convert import to_settings
     from eagle3.planning.forwards import dry_run_lines
 
-    ex = cfg.extract
-    return "\n".join([plan_report(model=cfg.model.name, hidden=int(cfg.model.hidden_size),
-                       capture_layers=list(cfg.model.capture_layers), scale=cfg.data.scale,
-                       eval_size=int(cfg.data.eval_size), tokens_per_sample=int(ex.assumed_tokens_per_sample),
-                       store_dir=store_dir(cfg), margin_gb=float(ex.disk_margin_gb),
-                       assume_free_bytes=ex.assume_free_bytes, num_shards=int(ex.num_shards)),
-                      *dry_run_lines(to_settings(cfg))])
+    ex = config.extract
+    return "\n".join([plan_report(model=config.model.name, hidden=config.model.hidden_size,
+                       capture_layers=list(config.model.capture_layers), scale=config.data.scale,
+                       eval_size=config.data.eval_size, tokens_per_sample=ex.assumed_tokens_per_sample,
+                       store_dir=store_dir(config), margin_gb=ex.disk_margin_gb,
+                       assume_free_bytes=ex.assume_free_bytes, num_shards=ex.num_shards),
+                      *dry_run_lines(config)])
 
 
 class ExtractStage(UnitStage):
@@ -143,29 +140,29 @@ class ExtractStage(UnitStage):
     A full disk is the entrypoint's one line and exit 4, as for every stage.
     """
 
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
-        if cfg.extract.dry_run:
-            print(dry_run(cfg), flush=True)
+    def __call__(self, config: Eagle3Config, ctx: StageContext) -> list[Manifest]:
+        if config.extract.dry_run:
+            print(dry_run(config), flush=True)
             return []
-        if not ctx.force and self._lost_states(cfg, ctx):
+        if not ctx.force and self._lost_states(config, ctx):
             # The unit's bookkeeping is redone; the store is content-keyed, so only what is gone is computed.
             ctx = dataclasses.replace(ctx, force=True)
-        return super().__call__(cfg, ctx)
+        return super().__call__(config, ctx)
 
     def kept_nothing(self, counts: dict[str, Any]) -> bool:
         """Only a slot whose every sample was rejected stops: with extract.num_shards > 1 a small
         mixture may rightly leave a shard's slot without any sample."""
         return super().kept_nothing(counts) and bool(counts.get("in"))
 
-    def _lost_states(self, cfg: DictConfig, ctx: StageContext) -> bool:
+    def _lost_states(self, config: Eagle3Config, ctx: StageContext) -> bool:
         """Whether a complete unit's samples are no longer all in the store (shards or the store deleted)."""
         lost_any = False
-        for unit in self.units(cfg):
-            where, manifest = self.locate(cfg, ctx, unit)
-            lost = lost_samples(where, store_dir(cfg)) if manifest is not None else []
+        for unit in self.units(config):
+            where, manifest = self.locate(config, ctx, unit)
+            lost = lost_samples(where, store_dir(config)) if manifest is not None else []
             if lost:
                 log.warning("[extract] %s: complete, but %d of its samples are no longer in the store %s (e.g. %s); "
-                            "extracting them again", unit, len(lost), store_dir(cfg), ", ".join(map(str, lost[:3])))
+                            "extracting them again", unit, len(lost), store_dir(config), ", ".join(map(str, lost[:3])))
                 lost_any = True
         return lost_any
 

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-
-from omegaconf import DictConfig, OmegaConf
 
 from eagle3.artifacts import STATUS_COMPLETE, STATUS_RUNNING, Manifest, StageOutput
 from eagle3.artifacts.locks import exclusive_lock
 from eagle3.artifacts.stage_output import unit_lock_path
-from eagle3.config.convert import config_dict
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.slices import fingerprinted
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.engines import ENGINES
 from eagle3.generation.pipeline import generate_file
@@ -42,85 +41,68 @@ from eagle3.stages.prep import (  # prep's output name is ours (tokenize reads e
 from eagle3.target_info import target_identity
 
 # 2: one target identity (eagle3.target_info.target_identity), served settings;
-# 3: each answer keeps the ids the target emitted (meta.generation.turns[k].token_ids).
-FORMAT_VERSION = 3
-# Keys of generate.http that change what a server generates (the rest is how the client asks).
-HTTP_REQUEST_KEYS = ("chat_template_kwargs", "thinking_keys", "extra_body")
-# Keys of `generate.server` that change what an engine generates for the same weights and request.
-SERVED_KEYS = ("dtype", "reasoning_parser", "tool_call_parser", "context_length", "trust_remote_code")
+# 3: each answer keeps the ids the target emitted (meta.generation.turns[k].token_ids);
+# 4: the slice is the schema's fingerprint of `generate` (eagle3.config.slices).
+FORMAT_VERSION = 4
 GENERATE_NAME = "generate"
 
 log = logging.getLogger("eagle3")
 
 
-def _units(cfg: DictConfig) -> list[str]:
-    return [name for name, src in cfg.dataset.sources.items() if src.track == TRACK_PROMPT_ONLY]
+def _units(config: Eagle3Config) -> list[str]:
+    return [name for name, src in config.dataset.sources.items() if src.track == TRACK_PROMPT_ONLY]
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    model = cfg.model
-    generate = config_dict(cfg.generate, resolve=True)
-    # The backend and its server are keyed below, under the names they have always had.
-    backend, server = str(generate.pop("backend")), cfg.generate.server
-    generate.pop("server", None)
-    # Endpoints, concurrency, timeouts and retries do not change what is generated: a resumed
-    # run may use other ones. The request fields that do change it count for HTTP backends.
-    http = generate.pop("http", None) or {}
-    generate.pop("reuse_earlier", None)  # reuse copies exactly what a fresh run would generate
-    if backend in ENGINES:
-        generate["request"] = {k: http.get(k) for k in HTTP_REQUEST_KEYS}
-    config = {
-        "backend": backend,
-        "target": {**target_identity(str(model.path), model.revision, cfg.paths.hf_cache), "dtype": model.dtype},
-        "thinking": bool(cfg.dataset.sources[unit].thinking),
-        "generate": generate,
-        "seed": cfg.data.seed,
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    """What shapes the answers: the target, the source's thinking mode, and `generate` as its schema
+    marks it (endpoints, concurrency, timeouts and retries are not keyed: a resumed run may use other
+    ones; the request fields and how the engine serves the target -- dtype, parsers, context, its
+    command line -- are)."""
+    model = config.model
+    return {
+        "target": {**target_identity(model.path, model.revision, config.paths.hf_cache), "dtype": model.dtype},
+        "thinking": config.dataset.sources[unit].thinking,
+        "generate": fingerprinted(config.generate),
+        "seed": config.data.seed,
         "format": FORMAT_VERSION,
     }
-    if backend in ENGINES:
-        # How the engine serves the target changes what it answers: its dtype, the parsers
-        # that split reasoning and tool calls out of the text, the context it accepts, and
-        # whatever else its command line says (quantization, say).
-        config["served"] = {k: OmegaConf.select(server, k) for k in SERVED_KEYS}
-        config["served"]["extra_args"] = [str(a) for a in server.extra_args]
-    return config
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    return {"conversations": require(PREP, cfg, ctx, unit)}
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    return {"conversations": require(PREP, config, ctx, unit)}
 
 
-def _earlier_outputs(cfg: DictConfig, ctx: StageContext, unit: str, out_dir: Path,
-                     config: dict[str, Any]) -> Optional[EarlierGenerations]:
-    """Earlier complete outputs of `unit` under `config` (None when reuse is off or there are none)."""
-    if not cfg.generate.reuse_earlier:
+def _earlier_outputs(config: Eagle3Config, ctx: StageContext, unit: str, out_dir: Path,
+                     unit_slice: dict[str, Any]) -> Optional[EarlierGenerations]:
+    """Earlier complete outputs of `unit` under `unit_slice` (None when reuse is off or there are none)."""
+    if not config.generate.reuse_earlier:
         return None
-    earlier = EarlierGenerations(ctx.root / GENERATE_NAME, unit, config, exclude=out_dir,
+    earlier = EarlierGenerations(ctx.root / GENERATE_NAME, unit, unit_slice, exclude=out_dir,
                                  input_name="conversations", file_name=CONVERSATIONS_FILE,
-                                 batch_size=int(cfg.generate.batch_size))
+                                 batch_size=config.generate.batch_size)
     return earlier or None
 
 
-def copyable_conversations(cfg: DictConfig, ctx: StageContext, unit: str) -> int:
+def copyable_conversations(config: Eagle3Config, ctx: StageContext, unit: str) -> int:
     """Conversations of a unit not generated yet that a run would copy from earlier outputs.
 
     For `stage=plan`; raises MissingInput while prep has not run (as `locate` does).
     """
-    where, manifest = GENERATE.locate(cfg, ctx, unit)
-    earlier = None if manifest else _earlier_outputs(cfg, ctx, unit, where, _unit_config(cfg, unit))
+    where, manifest = GENERATE.locate(config, ctx, unit)
+    earlier = None if manifest else _earlier_outputs(config, ctx, unit, where, _unit_config(config, unit))
     if earlier is None:
         return 0
-    prep = _unit_inputs(cfg, ctx, unit)["conversations"]
-    return earlier.copyable(prep.directory / CONVERSATIONS_FILE, int(cfg.generate.batch_size))
+    prep = _unit_inputs(config, ctx, unit)["conversations"]
+    return earlier.copyable(prep.directory / CONVERSATIONS_FILE, config.generate.batch_size)
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    prep = _unit_inputs(cfg, ctx, unit)["conversations"]
-    earlier = _earlier_outputs(cfg, ctx, unit, out.dir, out.config)
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    prep = _unit_inputs(config, ctx, unit)["conversations"]
+    earlier = _earlier_outputs(config, ctx, unit, out.dir, out.config)
     if earlier:
         log.info("[generate] %s: batches that %d earlier output(s) ran under this config are reused: %s",
                  unit, len(earlier.dirs), ", ".join(str(d) for d in earlier.dirs))
-    return generate_file(ctx.config, unit, prep.directory / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
+    return generate_file(config, unit, prep.directory / CONVERSATIONS_FILE, out, CONVERSATIONS_FILE,
                          total=prep.counts.get("out"), earlier=earlier)
 
 
@@ -137,33 +119,31 @@ class GenerateStage(UnitStage):
     the units then run with a config whose `generate.server.urls` are the launched server's.
     """
 
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
-        ctx = ctx.with_settings(cfg)
+    def __call__(self, config: Eagle3Config, ctx: StageContext) -> list[Manifest]:
         if not ctx.force:
-            for unit in self.units(cfg):
-                self._reopen_holes(cfg, ctx, unit)
-        settings = ctx.config
-        server = settings.generate.server
-        if settings.generate.backend not in ENGINES or server.urls or not self._has_work(cfg, ctx):
-            return super().__call__(cfg, ctx)
+            for unit in self.units(config):
+                self._reopen_holes(config, ctx, unit)
+        server = config.generate.server
+        if config.generate.backend not in ENGINES or server.urls or not self._has_work(config, ctx):
+            return super().__call__(config, ctx)
         from eagle3.serving.commands import launch_config
         from eagle3.serving.process import server_endpoints
 
-        launch = launch_config(settings, "generate.server", speculative=server.speculative.draft_path is not None)
-        log.info("generate: launching %s for %s (log in %s)", server.backend, settings.model.path, ctx.run_dir)
+        launch = launch_config(config, "generate.server", speculative=server.speculative.draft_path is not None)
+        log.info("generate: launching %s for %s (log in %s)", server.backend, config.model.path, ctx.run_dir)
         with server_endpoints(launch, ctx.run_dir) as urls:
-            connected = copy.deepcopy(settings)
+            connected = copy.deepcopy(config)  # the urls are not keyed: the units stay where they are
             connected.generate.server.urls = list(urls)
-            return super().__call__(cfg, replace(ctx, settings=connected))
+            return super().__call__(connected, ctx)
 
-    def _reopen_holes(self, cfg: DictConfig, ctx: StageContext, unit: str) -> None:
+    def _reopen_holes(self, config: Eagle3Config, ctx: StageContext, unit: str) -> None:
         """Take a complete unit an earlier version finished with `request_failed` rejects back to running.
 
         Those versions counted a conversation whose requests failed during an outage as done, so
         the unit lacks it; reopened, this run retries exactly those conversations (the pipeline
         takes their rejects back) and finalizes the unit as an uninterrupted run would have.
         """
-        where, manifest = self.locate(cfg, ctx, unit)
+        where, manifest = self.locate(config, ctx, unit)
         if manifest is None:
             return
         holes = sum(n for reason, n in (manifest.counts.get("rejected") or {}).items()
@@ -183,16 +163,16 @@ class GenerateStage(UnitStage):
         finally:
             lock.release()
 
-    def _has_work(self, cfg: DictConfig, ctx: StageContext) -> bool:
+    def _has_work(self, config: Eagle3Config, ctx: StageContext) -> bool:
         """Whether some unit needs the model: not complete, and not all copied from earlier outputs."""
-        for unit in self.units(cfg):
-            where, manifest = self.locate(cfg, ctx, unit)
+        for unit in self.units(config):
+            where, manifest = self.locate(config, ctx, unit)
             if manifest is not None and not ctx.force:
                 continue
-            earlier = _earlier_outputs(cfg, ctx, unit, where, self.unit_config(cfg, unit))
-            prep = self.unit_inputs(cfg, ctx, unit)["conversations"]
+            earlier = _earlier_outputs(config, ctx, unit, where, self.unit_config(config, unit))
+            prep = self.unit_inputs(config, ctx, unit)["conversations"]
             if earlier is None or not earlier.covers(prep.directory / CONVERSATIONS_FILE,
-                                                     int(cfg.generate.batch_size)):
+                                                     config.generate.batch_size):
                 return True
         return False
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config.schema import Eagle3Config
 from eagle3.data.mixture import write_mixture
 from eagle3.errors import Eagle3Error
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
@@ -28,36 +27,36 @@ class EmptyTrainSplit(Eagle3Error):
     """The mixture leaves no training sample; one line naming data.eval_size."""
 
 
-def _weights(cfg: DictConfig) -> dict[str, float]:
-    return {name: float(src.weight) for name, src in cfg.dataset.sources.items()}
+def _weights(config: Eagle3Config) -> dict[str, float]:
+    return {name: float(src.weight) for name, src in config.dataset.sources.items()}
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
     return {
-        "weights": _weights(cfg),
-        "scale": cfg.data.scale,
-        "eval_size": cfg.data.eval_size,
-        "seed": cfg.data.seed,
+        "weights": _weights(config),
+        "scale": config.data.scale,
+        "eval_size": config.data.eval_size,
+        "seed": config.data.seed,
         "format": FORMAT_VERSION,
     }
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     from eagle3.stages.tokenize import TOKENIZE  # the stage before this one
 
-    return {f"tokenized.{name}": require(TOKENIZE, cfg, ctx, name) for name in cfg.dataset.sources}
+    return {f"tokenized.{name}": require(TOKENIZE, config, ctx, name) for name in config.dataset.sources}
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     sources = {key.split(".", 1)[1]: (m.directory / TOKENIZED_FILE, m.counts.get("out"))
-               for key, m in _unit_inputs(cfg, ctx, unit).items()}
-    extra = write_mixture(out, sources, _weights(cfg), cfg.data.scale, cfg.data.eval_size, cfg.data.seed)
+               for key, m in _unit_inputs(config, ctx, unit).items()}
+    extra = write_mixture(out, sources, _weights(config), config.data.scale, config.data.eval_size, config.data.seed)
     if not extra["train_samples"] and extra["eval_samples"]:
         # Caught here, not as a traceback in train: a small file of one's own meets the demo's eval size.
         # (A mixture with no sample at all is not the eval split's doing: UnitStage stops on it.)
         raise EmptyTrainSplit(
             f"merge {unit}: all {extra['eval_samples']} samples went to the eval split (data.eval_size="
-            f"{int(cfg.data.eval_size)}), leaving nothing to train on; lower data.eval_size (e.g. "
+            f"{config.data.eval_size}), leaving nothing to train on; lower data.eval_size (e.g. "
             f"data.eval_size={max(extra['eval_samples'] // 5, 1)}) or add data")
     return extra
 

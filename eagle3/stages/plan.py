@@ -17,13 +17,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, cast
-
-from omegaconf import DictConfig, OmegaConf
+from typing import Any, Optional
 
 from eagle3.artifacts import Manifest, atomic_write_json, atomic_write_text
-from eagle3.config.convert import config_dict
-from eagle3.config.registration import CHECKPOINT_RESOLVER, TARGET_KEYS
+from eagle3.config.schema import Eagle3Config
 from eagle3.stages.base import StageContext, StandaloneStage, UnitStage
 
 PLAN_JSON = "plan.json"
@@ -32,10 +29,10 @@ PLAN_MD = "plan.md"
 
 @dataclass(frozen=True)
 class ConfigChain:
-    """`eagle3.planning.chain.ChainView` over the composed config: the plan finds each unit where
-    the stage itself would put it, since the directory is fingerprinted from this config's slices."""
+    """`eagle3.planning.chain.ChainView` over the stages: the plan finds each unit where the stage
+    itself would put it, since the directory is fingerprinted from this config's slices."""
 
-    cfg: DictConfig
+    config: Eagle3Config
     ctx: StageContext
 
     def stages(self) -> list[tuple[str, str]]:
@@ -44,37 +41,32 @@ class ConfigChain:
         return [(entry.name, entry.help) for entry in CHAIN]
 
     def units(self, stage: str) -> list[str]:
-        return _chain_stage(stage).units(self.cfg)
+        return _chain_stage(stage).units(self.config)
 
     def unit_inputs(self, stage: str, unit: str) -> dict[str, Manifest]:
-        return _chain_stage(stage).unit_inputs(self.cfg, self.ctx, unit)
+        return _chain_stage(stage).unit_inputs(self.config, self.ctx, unit)
 
     def locate(self, stage: str, unit: str) -> tuple[Path, Optional[Manifest]]:
-        return _chain_stage(stage).locate(self.cfg, self.ctx, unit)
+        return _chain_stage(stage).locate(self.config, self.ctx, unit)
 
     def copyable_conversations(self, unit: str) -> int:
         from eagle3.stages.generate import copyable_conversations
 
-        return copyable_conversations(self.cfg, self.ctx, unit)
+        return copyable_conversations(self.config, self.ctx, unit)
 
     def store_dir(self) -> Path:
         from eagle3.stages.extract import store_dir
 
-        return store_dir(self.cfg)
+        return store_dir(self.config)
 
     def states_identity(self) -> dict[str, Any]:
         from eagle3.stages.extract import states_identity
 
-        return states_identity(self.cfg)
-
-    def derived_from_checkpoint(self) -> bool:
-        raw = config_dict(self.cfg.model, resolve=False)
-        return any(CHECKPOINT_RESOLVER in str(raw[key]) for key in TARGET_KEYS)
+        return states_identity(self.config)
 
     def in_mode(self, hidden_states: str) -> ConfigChain:
-        merged = cast(DictConfig, OmegaConf.merge(self.cfg, {"train": {"hidden_states": hidden_states}}))
-        # The stages locate units from `cfg` alone; settings of the other mode would be stale.
-        return ConfigChain(merged, replace(self.ctx, settings=None))
+        train = replace(self.config.train, hidden_states=hidden_states)
+        return ConfigChain(replace(self.config, train=train), self.ctx)
 
 
 def _chain_stage(name: str) -> UnitStage:
@@ -83,20 +75,19 @@ def _chain_stage(name: str) -> UnitStage:
     return REGISTRY[name].load()
 
 
-def plan_data(cfg: DictConfig, ctx: StageContext) -> dict[str, Any]:
+def plan_data(config: Eagle3Config, ctx: StageContext) -> dict[str, Any]:
     """The plan of this config as plain data (`eagle3.planning.chain.build_plan`)."""
     from eagle3.planning.chain import build_plan
 
-    ctx = ctx.with_settings(cfg)
-    return build_plan(ctx.config, ConfigChain(cfg, ctx), ctx.root)
+    return build_plan(config, ConfigChain(config, ctx), ctx.root)
 
 
-def plan(cfg: DictConfig, ctx: StageContext, out=None) -> dict[str, Any]:
+def plan(config: Eagle3Config, ctx: StageContext, out=None) -> dict[str, Any]:
     """Print the plan, write plan.json and plan.md to the run directory; returns the plan data."""
     from eagle3.reports.plan_report import render_markdown, render_text
 
     out = out or sys.stdout
-    data = plan_data(cfg, ctx)
+    data = plan_data(config, ctx)
     ctx.run_dir.mkdir(parents=True, exist_ok=True)
     data["files"] = {"json": str(ctx.run_dir / PLAN_JSON), "markdown": str(ctx.run_dir / PLAN_MD)}
     atomic_write_json(ctx.run_dir / PLAN_JSON, data)

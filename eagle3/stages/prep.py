@@ -2,7 +2,7 @@
 
 Per source (unit): read raw records (hub, local files, or the demo_data output), map the
 schema with its adapter, check the conversation, apply the track (prompt-only keeps system and
-user turns and the tool declarations, and drops the foreign answers), filter by `cfg.prep`,
+user turns and the tool declarations, and drops the foreign answers), filter by `config.prep`,
 dedupe by normalized prompt, take the seeded nested sample of `num_samples`, and write
 ``conversations.jsonl`` (complete-or-absent: it gets its name only at finalize).
 
@@ -28,11 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig, OmegaConf
-
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.config.convert import config_dict
-from eagle3.config.schema import DatasetSourceConfig
+from eagle3.config.schema import DatasetSourceConfig, Eagle3Config
+from eagle3.config.slices import fingerprinted
 from eagle3.data.loading import files_sha256, latest_dataset_commit
 from eagle3.data.prepare import prepare_source
 from eagle3.stages.base import StageContext, UnitStage, require
@@ -44,38 +42,32 @@ CONVERSATIONS_FILE = "conversations.jsonl"
 HUB_REVISION_FILE = "hub_revision.json"
 #: Bump when the canonical record or the selection rules change (part of the fingerprint).
 PREP_FORMAT_VERSION = 2  # 2: description, weight and thinking left out of the fingerprint
-#: Source keys that do not shape prep's output, so changing them must not redo it: the mixture
-#: weight is merge's, the thinking mode generate's and tokenize's, the description a note.
-NOT_PREP_KEYS = ("description", "weight", "thinking")
 
 log = logging.getLogger("eagle3")
 
 
-def _source(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    return config_dict(cfg.dataset.sources[unit], resolve=True)
+def _units(config: Eagle3Config) -> list[str]:
+    return list(config.dataset.sources)
 
 
-def _units(cfg: DictConfig) -> list[str]:
-    return list(cfg.dataset.sources)
-
-
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
     """Everything that shapes a source's conversations (the output fingerprint covers it), and nothing else."""
-    src = {k: v for k, v in _source(cfg, unit).items() if k not in NOT_PREP_KEYS}
-    config: dict[str, Any] = {
-        "source": src,
-        "prep": OmegaConf.to_container(cfg.prep, resolve=True),
-        "seed": cfg.data.seed,
+    # The schema leaves out what other stages do with the records (weight, thinking) and the description.
+    src = config.dataset.sources[unit]
+    slice_: dict[str, Any] = {
+        "source": fingerprinted(src),
+        "prep": fingerprinted(config.prep),
+        "seed": config.data.seed,
         "format_version": PREP_FORMAT_VERSION,
     }
-    if src.get("data_files"):
-        config["data_files_sha256"] = files_sha256(list(src["data_files"]))
-    return config
+    if src.data_files:
+        slice_["data_files_sha256"] = files_sha256(list(src.data_files))
+    return slice_
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    if cfg.dataset.sources[unit].generator is not None:
-        return {"raw": require(DEMO_DATA, cfg, ctx, unit)}
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    if config.dataset.sources[unit].generator is not None:
+        return {"raw": require(DEMO_DATA, config, ctx, unit)}
     return {}
 
 
@@ -103,9 +95,8 @@ def _pinned_source(out: StageOutput, unit: str, src: DatasetSourceConfig) -> Dat
     return replace(src, revision=commit)
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     generator_file = Path(out.inputs["raw"]["path"]) / DATA_FILE if "raw" in out.inputs else None
-    config = ctx.config
     src = _pinned_source(out, unit, config.dataset.sources[unit])
     return prepare_source(out, unit, src, config.prep, generator_file, config.paths.hf_cache, config.data.seed,
                           CONVERSATIONS_FILE)

@@ -18,14 +18,13 @@ import logging
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig
-
+from eagle3.config.schema import Eagle3Config
 from eagle3.stages.base import StageContext, StandaloneStage
 
 log = logging.getLogger("eagle3")
 
 
-def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
+def report(config: Eagle3Config, ctx: StageContext, out=None) -> list:
     """Write, print and log the sweep report; returns no manifests (nothing to reuse)."""
     from eagle3.reports.loggers import log_report
     from eagle3.reports.sweep_report import PLOT_FILES, scale_curve_summary, table, variants_table
@@ -33,7 +32,6 @@ def report(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     from eagle3.tracking import job_loggers
 
     out = out or sys.stdout
-    config = ctx.config
     sweep = resolve_sweep_dir(config.report.sweep_dir, config.paths.root)
     result, files = report_sweep(sweep, out_dirs=[ctx.run_dir], x=config.report.x,
                                  target_tau=config.report.target_tau, target_k=config.report.target_k,

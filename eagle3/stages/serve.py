@@ -27,38 +27,37 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import DictConfig
-
+from eagle3.config.schema import Eagle3Config
 from eagle3.engines import VLLM
 from eagle3.stages.base import MissingInput, StageContext, StandaloneStage, require
 
 log = logging.getLogger("eagle3")
 
 
-def resolve_draft(cfg: DictConfig, ctx: StageContext) -> Optional[Path]:
+def resolve_draft(config: Eagle3Config, ctx: StageContext) -> Optional[Path]:
     """The draft directory to serve: configured, this config's trained export, or None (no speculation).
 
     Raises:
         MissingInput: `draft_path` is null and this config has no complete train output.
     """
-    spec = cfg.server.speculative
+    spec = config.server.speculative
     if spec.algorithm is None:
         return None
     if spec.draft_path is not None:
-        return Path(str(spec.draft_path)).expanduser()
+        return Path(spec.draft_path).expanduser()
     from eagle3.stages.train import EXPORT_DIR, TRAIN
 
-    unit = cfg.dataset.name
+    unit = config.dataset.name
     try:
-        manifest = require(TRAIN, cfg, ctx, unit)
+        manifest = require(TRAIN, config, ctx, unit)
     except MissingInput as exc:
         raise MissingInput(f"server.speculative.draft_path is null, which means the draft this config "
                            f"trains, but {exc}; or set server.speculative.draft_path to an export, or "
                            "server.speculative.algorithm=null to serve the target alone") from None
-    return manifest.directory / EXPORT_DIR / str(cfg.server.backend)
+    return manifest.directory / EXPORT_DIR / config.server.backend
 
 
-def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
+def serve(config: Eagle3Config, ctx: StageContext, out=None) -> list:
     """Launch and hold the server (see the module docstring); returns no manifests.
 
     Args:
@@ -69,9 +68,8 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     from eagle3.serving.process import ServerProcess, check_health, records_dir
 
     out = out or sys.stdout
-    settings = ctx.config
-    states = settings.serve.hidden_states
-    server = settings.extract.server if states else settings.server
+    states = config.serve.hidden_states
+    server = config.extract.server if states else config.server
     key = "extract.server" if states else "server"
     if server.urls:
         urls = check_health(list(server.urls), str(server.backend))
@@ -83,27 +81,27 @@ def serve(cfg: DictConfig, ctx: StageContext, out=None) -> list:
     if states:
         from eagle3.extract.sources import exchange_dir, extraction_command
 
-        command = extraction_command(settings, ctx.run_dir)
-        where = (f"into {exchange_dir(settings.extract)}" if command.backend == VLLM
+        command = extraction_command(config, ctx.run_dir)
+        where = (f"into {exchange_dir(config.extract)}" if command.backend == VLLM
                  else "through /generate (eagle3's capture plugin)")
         what = f"{command.backend} at {command.url}, handing out hidden states {where}"
     else:
-        command = build_command(settings, resolve_draft(cfg, ctx))
+        command = build_command(config, resolve_draft(config, ctx))
         what = f"{command.backend} at {command.url}" + (f" with draft {command.draft}" if command.draft else "")
-    if settings.serve.dry_run:
+    if config.serve.dry_run:
         print(f"# eagle3 serve: {what} (dry run: nothing launched)", file=out)
         print(command.shell(), file=out, flush=True)
         return []
 
     if states and command.backend == VLLM:
-        exchange_dir(settings.extract).mkdir(parents=True, exist_ok=True)
+        exchange_dir(config.extract).mkdir(parents=True, exist_ok=True)
     refuse_unservable(command.backend, command.draft is not None)
     log_path = ctx.run_dir / command.log_name
     print(f"# eagle3 serve: starting {what}; log {log_path}", file=out)
     print(command.shell(), file=out, flush=True)
     try:
         with ServerProcess(command, log_path, startup_timeout_s=server.startup_timeout_s,
-                           echo=sys.stderr, records_dir=records_dir(settings.paths)) as proc:
+                           echo=sys.stderr, records_dir=records_dir(config.paths)) as proc:
             print(f"# eagle3 serve: ready at {proc.url} (OpenAI API {proc.url}/v1); Ctrl-C stops it",
                   file=out, flush=True)
             log.info("serve: %s ready at %s (pid %s)", command.backend, proc.url, proc.pid)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config.schema import Eagle3Config
 from eagle3.data.conversation import TRACK_PROMPT_ONLY
 from eagle3.data.render import RenderSettings
 from eagle3.data.tokenize_run import TokenizerSpec, tokenize_unit
@@ -31,32 +30,32 @@ TOKENIZED_FILE = "tokenized_data.jsonl"
 FORMAT_VERSION = 4
 
 
-def _template_text(cfg: DictConfig) -> Optional[str]:
-    template = cfg.model.training_chat_template
+def _template_text(config: Eagle3Config) -> Optional[str]:
+    template = config.model.training_chat_template
     return None if template is None else Path(str(template)).read_text(encoding="utf-8")
 
 
-def render_settings(cfg: DictConfig, unit: str) -> RenderSettings:
+def render_settings(config: Eagle3Config, unit: str) -> RenderSettings:
     """The render settings of one source (template, its thinking mode, length policy)."""
-    return RenderSettings(template=_template_text(cfg), thinking=bool(cfg.dataset.sources[unit].thinking),
-                          max_len=int(cfg.data.max_len), overlength=str(cfg.tokenize.overlength),
-                          answer_ids=str(cfg.tokenize.answer_ids))
+    return RenderSettings(template=_template_text(config), thinking=config.dataset.sources[unit].thinking,
+                          max_len=config.data.max_len, overlength=config.tokenize.overlength,
+                          answer_ids=config.tokenize.answer_ids)
 
 
-def _tokenizer_spec(cfg: DictConfig) -> TokenizerSpec:
-    return TokenizerSpec(path=str(cfg.model.path), revision=cfg.model.revision,
-                         trust_remote_code=bool(cfg.model.trust_remote_code), cache_dir=cfg.paths.hf_cache)
+def _tokenizer_spec(config: Eagle3Config) -> TokenizerSpec:
+    return TokenizerSpec(path=config.model.path, revision=config.model.revision,
+                         trust_remote_code=config.model.trust_remote_code, cache_dir=config.paths.hf_cache)
 
 
-def _units(cfg: DictConfig) -> list[str]:
-    return list(cfg.dataset.sources)
+def _units(config: Eagle3Config) -> list[str]:
+    return list(config.dataset.sources)
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    settings = render_settings(cfg, unit)
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    settings = render_settings(config, unit)
     return {
         "format": FORMAT_VERSION,
-        "tokenizer": tokenizer_identity(str(cfg.model.path), cfg.model.revision),
+        "tokenizer": tokenizer_identity(config.model.path, config.model.revision),
         # None = the tokenizer's own template, already covered by the tokenizer identity.
         "template_sha256": settings.template_sha256,
         "thinking": settings.thinking,
@@ -66,22 +65,22 @@ def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
     }
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
     # Imported here: the upstream stages import heavier modules and may import this one.
     upstream: UnitStage
-    if cfg.dataset.sources[unit].track == TRACK_PROMPT_ONLY:
+    if config.dataset.sources[unit].track == TRACK_PROMPT_ONLY:
         from eagle3.stages.generate import GENERATE as upstream
     else:
         from eagle3.stages.prep import PREP as upstream
-    return {"conversations": require(upstream, cfg, ctx, unit)}
+    return {"conversations": require(upstream, config, ctx, unit)}
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
-    upstream = _unit_inputs(cfg, ctx, unit)["conversations"]
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+    upstream = _unit_inputs(config, ctx, unit)["conversations"]
     extra = tokenize_unit(out, upstream.directory / CONVERSATIONS_FILE, upstream.counts.get("out"), unit,
-                          render_settings(cfg, unit), _tokenizer_spec(cfg), int(cfg.tokenize.num_workers),
-                          int(cfg.tokenize.chunk_size), TOKENIZED_FILE)
-    return {**extra, "template": cfg.model.training_chat_template}
+                          render_settings(config, unit), _tokenizer_spec(config), config.tokenize.num_workers,
+                          config.tokenize.chunk_size, TOKENIZED_FILE)
+    return {**extra, "template": config.model.training_chat_template}
 
 
 TOKENIZE = UnitStage(

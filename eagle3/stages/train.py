@@ -23,12 +23,10 @@ import logging
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
-from eagle3.config.convert import config_dict
+from eagle3.config.schema import Eagle3Config
+from eagle3.config.slices import fingerprinted
 from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
-from eagle3.draft.geometry import fingerprinted_draft
 from eagle3.draft.options import COMPUTING_MODES, HYBRID
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
@@ -39,67 +37,59 @@ from eagle3.stages.vocab import D2T_FILE, T2D_FILE, VOCAB
 log = logging.getLogger("eagle3")
 EXPORT_DIR = "draft"
 METRICS_FILE = "train_metrics.json"
-FORMAT_VERSION = 1
-# Keys of `train` that do not change what is trained (only how it is watched).
-# hybrid_store_gb only decides which samples are kept: every sample is trained on its stored values.
-_UNTRACKED = ("log_every_n_steps", "num_workers", "progress_every_s", "logits_memory_gb", "hybrid_store_gb")
+# 2: the slice is the schema's fingerprint of `train` and `model.draft` (eagle3.config.slices)
+FORMAT_VERSION = 2
 ONLINE_URLS_FILE = "online_servers.json"  # rank 0's state server, for ranks a launcher starts apart
 
 
-def online(cfg: DictConfig) -> bool:
+def online(config: Eagle3Config) -> bool:
     """Whether this config trains on states computed while training (`train.hidden_states=online`,
     or `hybrid`, which computes them the first time): its input is the merged split, not a store."""
-    return str(cfg.train.hidden_states) in COMPUTING_MODES
+    return config.train.hidden_states in COMPUTING_MODES
 
 
-def hybrid_store(cfg: DictConfig, ctx: StageContext, unit_dir: Path) -> Optional[dict[str, Any]]:
+def hybrid_store(config: Eagle3Config, ctx: StageContext, unit_dir: Path) -> Optional[dict[str, Any]]:
     """`HybridStateDataset`'s store arguments under `train.hidden_states=hybrid` (else None)."""
-    if str(cfg.train.hidden_states) != HYBRID:
+    if config.train.hidden_states != HYBRID:
         return None
     from eagle3.stages.extract import store_dir, store_spec, teacher_head_loader
 
-    gb = cfg.train.hybrid_store_gb
-    return {"store_dir": store_dir(cfg), "spec": store_spec(cfg), "unit": unit_dir.name,
-            "budget_bytes": None if gb is None else int(float(gb) * 1e9),
-            "teacher_head": teacher_head_loader(ctx.config)}
+    gb = config.train.hybrid_store_gb
+    return {"store_dir": store_dir(config), "spec": store_spec(config), "unit": unit_dir.name,
+            "budget_bytes": None if gb is None else int(gb * 1e9),
+            "teacher_head": teacher_head_loader(config)}
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    train = {k: v for k, v in config_dict(cfg.train, resolve=True).items() if k not in _UNTRACKED}
-    if not train.get("packing"):
-        train.pop("packing", None)  # padded batches keep the fingerprint they had before train.packing
-    draft = {str(k): v for k, v in config_dict(cfg.model.draft, resolve=True).items()}
-    config = {"train": train, "draft": fingerprinted_draft(draft), "seed": int(cfg.seed),
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    slice_ = {"train": fingerprinted(config.train), "draft": fingerprinted(config.model.draft), "seed": config.seed,
               "format": FORMAT_VERSION}
-    if online(cfg):  # what the states are a function of (in store mode: the extract input's fingerprint)
-        states = states_identity(cfg)
-        if str(cfg.train.hidden_states) == HYBRID:  # it trains on the stored values, in this format
+    if online(config):  # what the states are a function of (in store mode: the extract input's fingerprint)
+        states = states_identity(config)
+        if config.train.hidden_states == HYBRID:  # it trains on the stored values, in this format
             from eagle3.states.formats import format_params
 
-            fmt = str(cfg.extract.storage_format)
+            fmt = config.extract.storage_format
             states["stored_as"] = {"storage_format": fmt, **format_params(fmt)}
-        config["states"] = states
-    else:
-        train.pop("hidden_states")  # store mode keeps the fingerprint it always had
-    return config
+        slice_["states"] = states
+    return slice_
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    states = ("merged", MERGE) if online(cfg) else ("extract", EXTRACT)
-    return {states[0]: require(states[1], cfg, ctx, unit), "vocab": require(VOCAB, cfg, ctx, unit)}
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    states = ("merged", MERGE) if online(config) else ("extract", EXTRACT)
+    return {states[0]: require(states[1], config, ctx, unit), "vocab": require(VOCAB, config, ctx, unit)}
 
 
 @contextlib.contextmanager
-def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, rank: int = 0):
+def _datasets(config: Eagle3Config, ctx: StageContext, unit: str, unit_dir: Path, rank: int = 0):
     """`(train, eval)` for the block: stored states, or online ones (a state server up for the block)."""
     from eagle3.extract.sources import online_states
 
-    inputs = _unit_inputs(cfg, ctx, unit)
-    if not online(cfg):
+    inputs = _unit_inputs(config, ctx, unit)
+    if not online(config):
         yield training_sets(inputs)
         return
-    with online_states(ctx.config, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
-        sets = training_sets(inputs, make_source, hybrid_store(cfg, ctx, unit_dir))
+    with online_states(config, ctx.run_dir, unit_dir / ONLINE_URLS_FILE, wait_for_urls=rank > 0) as make_source:
+        sets = training_sets(inputs, make_source, hybrid_store(config, ctx, unit_dir))
         try:
             yield sets
         finally:
@@ -107,28 +97,28 @@ def _datasets(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, ran
                 dataset.close_source()
 
 
-def _fit(cfg: DictConfig, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
-    vocab_dir = _unit_inputs(cfg, ctx, unit)["vocab"].directory
+def _fit(config: Eagle3Config, ctx: StageContext, unit: str, unit_dir: Path, sets: tuple):
+    vocab_dir = _unit_inputs(config, ctx, unit)["vocab"].directory
     from eagle3.tracking import job_loggers
 
-    return fit_draft(ctx.config, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE),
-                     unit_dir, job_loggers(ctx.config, ctx.run_dir))
+    return fit_draft(config, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE),
+                     unit_dir, job_loggers(config, ctx.run_dir))
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     from eagle3.draft.evaluate import evaluate_pooled
     from eagle3.tracking import job_loggers
 
-    t = ctx.config.train
-    with _datasets(cfg, ctx, unit, out.dir) as sets:
-        fit = _fit(cfg, ctx, unit, out.dir, sets)
+    t = config.train
+    with _datasets(config, ctx, unit, out.dir) as sets:
+        fit = _fit(config, ctx, unit, out.dir, sets)
         module, train_set, eval_set, wall = fit.module, fit.train_set, fit.eval_set, fit.wall_s
         module.to("cpu").eval()
         pooled = evaluate_pooled(module, eval_set, batch_tokens=t.batch_tokens) if len(eval_set) else None
     done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)
     # Online: what computing the states cost rank 0 during the fit (train shard, validations).
     states = {"hidden_states": t.hidden_states,
-              **({"states_source": done.get("states_source", [])} if online(cfg) else {})}
+              **({"states_source": done.get("states_source", [])} if online(config) else {})}
     out.count_in(len(train_set))
     out.count_out(len(train_set))
 
@@ -158,7 +148,7 @@ def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -
         final = {"eval/sim_accept_len": pooled["sim_accept_len"]}
         final.update({f"eval/acc_{k}": a for k, a in enumerate(pooled["acc"])})
         final.update({f"eval/loss_{k}": x for k, x in enumerate(pooled["step_kl"])})
-        log_report(job_loggers(ctx.config, ctx.run_dir), final, step=done["global_step"], summary=final)
+        log_report(job_loggers(config, ctx.run_dir), final, step=done["global_step"], summary=final)
         log.info("train: eval simulated accept length %.3f (acc per step %s)", pooled["sim_accept_len"],
                  ", ".join(f"{a:.3f}" for a in pooled["acc"]))
     return {**metrics, "exports": exports, "files": {"metrics": METRICS_FILE}}
@@ -173,21 +163,20 @@ class TrainStage(UnitStage):
     and end the job after training: manifests, exports and later stages are rank 0's.
     """
 
-    def __call__(self, cfg: DictConfig, ctx: StageContext) -> list[Manifest]:
+    def __call__(self, config: Eagle3Config, ctx: StageContext) -> list[Manifest]:
         from lightning.pytorch.utilities import rank_zero_only
 
         # From RANK / LOCAL_RANK / SLURM_PROCID, as Lightning reads them; Lightning sets `rank` on the
         # function at import, which its type does not declare.
         rank = int(rank_zero_only.rank)  # type: ignore[attr-defined]
         if rank == 0:
-            return super().__call__(cfg, ctx)
-        ctx = ctx.with_settings(cfg)  # the worker ranks fit without UnitStage.__call__, which fills it
-        for unit in self.units(cfg):
-            where, manifest = self.locate(cfg, ctx, unit)
+            return super().__call__(config, ctx)
+        for unit in self.units(config):
+            where, manifest = self.locate(config, ctx, unit)
             if manifest is None:
                 log.info("train: rank %d joins training of %s", rank, where)
-                with _datasets(cfg, ctx, unit, where, rank) as sets:
-                    _fit(cfg, ctx, unit, where, sets)
+                with _datasets(config, ctx, unit, where, rank) as sets:
+                    _fit(config, ctx, unit, where, sets)
         raise SystemExit(0)
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from omegaconf import DictConfig
-
 from eagle3.artifacts import Manifest, StageOutput
+from eagle3.config.schema import Eagle3Config
 from eagle3.data.mixture import EVAL_FILE, TRAIN_FILE
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.intake import Intake
@@ -21,22 +20,22 @@ D2T_FILE = "d2t.pt"
 T2D_FILE = "t2d.pt"
 
 
-def _unit_config(cfg: DictConfig, unit: str) -> dict[str, Any]:
-    return {"draft_vocab": cfg.model.draft.vocab_size, "target_vocab": cfg.model.vocab_size,
+def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
+    return {"draft_vocab": config.model.draft.vocab_size, "target_vocab": config.model.vocab_size,
             "format": 1}
 
 
-def _unit_inputs(cfg: DictConfig, ctx: StageContext, unit: str) -> dict[str, Manifest]:
-    return {"merged": require(MERGE, cfg, ctx, unit)}
+def _unit_inputs(config: Eagle3Config, ctx: StageContext, unit: str) -> dict[str, Manifest]:
+    return {"merged": require(MERGE, config, ctx, unit)}
 
 
-def _run_unit(cfg: DictConfig, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
+def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
     # torch/numpy load here, not at import: stage=plan walks every stage and loads no model code.
     from eagle3.data.draft_vocab import build_vocab
 
-    merged = _unit_inputs(cfg, ctx, unit)["merged"]
-    return build_vocab(out, merged.directory / TRAIN_FILE, merged.directory / EVAL_FILE, int(cfg.model.vocab_size),
-                       int(cfg.model.draft.vocab_size), D2T_FILE, T2D_FILE)
+    merged = _unit_inputs(config, ctx, unit)["merged"]
+    return build_vocab(out, merged.directory / TRAIN_FILE, merged.directory / EVAL_FILE, config.model.vocab_size,
+                       config.model.draft.vocab_size, D2T_FILE, T2D_FILE)
 
 
 VOCAB = UnitStage(
