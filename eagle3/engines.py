@@ -29,7 +29,7 @@ LAYER_VARIANTS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_out
 #: kimi_k25_eagle3.py, the MLA draft) reads the same top-level keys for three: `norm_before_fc`
 #: (LlamaModel.__init__: `input_norm`, loaded from our `input_norm.weight`; MLA has none, refused in
 #: geometry_refusals), `fc_norm` (`fc_norm.<i>.weight`) and `norm_output` (the next step reads the
-#: final-normed state); tests/test_sglang_draft_classes.py checks its logits and carried state
+#: final-normed state); tests/integration/test_sglang_draft_classes.py checks its logits and carried state
 #: against ours. It has no `norm_before_residual` (its residual is the pre-norm hidden state): it
 #: would load such a draft without an error and run the plain layer, so that one is refused.
 VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGLANG),

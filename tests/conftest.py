@@ -29,6 +29,8 @@ from eagle3.stages import CHAIN
 from tests import time_budgets
 
 RUN_PY = PROJECT_ROOT / "scripts" / "run.py"
+#: Small files in each real dataset's schema, and configs of real targets (tests/fixtures/README.md).
+FIXTURES = Path(__file__).parent / "fixtures"
 
 # --- Two workers on CI's 2 cores (pytest-xdist, `-n auto` in pyproject.toml) ---------------------
 #: The test files whose tests share the session's demo chain (`demo_chain`): one worker runs them
@@ -160,24 +162,31 @@ def compose_settings(overrides: list[str] | None = None) -> Eagle3Config:
 HANG_GUARD_S = 1800.0
 
 
-def _needs_own_process(args: list[str]) -> bool:
-    """A job whose behaviour depends on being a process of its own: it launches a server (whose
-    watchdog and `.servers/` record name the job's pid), spawns ranks that rerun the entrypoint
-    (DDP), runs a sweep (joblib's workers import the task by module name) or logs to W&B (its
-    service process belongs to the job). Every other job runs scripts/run.py's code in this process."""
-    text = " ".join(args)
-    return ("vllm" in text or "sglang" in text or "logger=wandb" in text or "ddp" in text
-            or any(a in ("-m", "--multirun") or a.startswith("hydra/launcher=") for a in args)
-            or any(a.startswith("train.devices=") and a != "train.devices=1" for a in args))
+#: The test running now (set before its fixtures): `run_cli` reads its `own_process` mark.
+_CURRENT_TEST: pytest.Item | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _CURRENT_TEST
+    _CURRENT_TEST = item
+
+
+def _own_process_marked() -> bool:
+    """Whether the running test is marked `own_process`: its jobs depend on being processes of their
+    own -- they launch a server (whose watchdog and `.servers/` record name the job's pid), spawn
+    ranks that rerun the entrypoint (DDP), run a sweep (joblib's workers import the task by module
+    name) or log to W&B (its service process belongs to the job)."""
+    return _CURRENT_TEST is not None and _CURRENT_TEST.get_closest_marker("own_process") is not None
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = HANG_GUARD_S, in_process: bool | None = None,
             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose): in this process
-    (`run_cli_in_process`: ~0.5 s instead of ~5 s of interpreter and imports per job) unless the job
-    needs its own (`_needs_own_process`, or `in_process=False`); `unset`: environment variables the
-    job does not see (a subprocess then)."""
-    if in_process or (in_process is None and not _needs_own_process(args) and not unset):
+    (`run_cli_in_process`: ~0.5 s instead of ~5 s of interpreter and imports per job) unless the test
+    is marked `own_process` (`_own_process_marked`) or passes `in_process=False`; `unset`: environment
+    variables the job does not see (a subprocess then)."""
+    if in_process or (in_process is None and not _own_process_marked() and not unset):
         return run_cli_in_process(args, cwd)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
@@ -359,7 +368,7 @@ def demo_chain(tmp_path_factory) -> DemoChain:
     root = tmp_path_factory.mktemp("demo_chain") / "artifacts"
     work = root.parent / "elsewhere"
     work.mkdir()
-    done = run_cli(["stage=all", *DEMO_CHAIN_OVERRIDES, f"paths.root={root}"], cwd=work)
+    done = run_cli(["stage=all", *DEMO_CHAIN_OVERRIDES, f"paths.root={root}"], cwd=work, in_process=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return DemoChain(root, {stage.name: sorted(unit_dirs(root, stage.name)) for stage in CHAIN},
                      log=done.stdout + done.stderr)

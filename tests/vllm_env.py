@@ -19,7 +19,7 @@ VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON", str(PROJECT_ROOT / ".vllm-ven
 
 #: vLLM's CPU build starts ~2.5x faster without torch.compile (the demo target: 50 s cold, 30 s
 #: with a warm compile cache, 20 s eager; BENCHMARKS.md). These tests check launching, protocol,
-#: acceptance and losslessness, not compiled kernels; tests/test_smollm2.py serves compiled, as users do.
+#: acceptance and losslessness, not compiled kernels; tests/integration/test_smollm2.py serves compiled, as users do.
 EAGER = "--enforce-eager"
 
 

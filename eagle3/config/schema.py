@@ -3,7 +3,7 @@
 The rule: **a key's default lives here (and in `server_schema`, the engines' nodes), next to its
 type and comment; a YAML file under conf/ sets only what its option changes** (`model/kimi_k25.yaml`
 the facts of Kimi-K2.5, `train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
-that would drift, and `tests/test_config.py` refuses one. Keys without a sensible default (a
+that would drift, and `tests/unit/config/test_compose_and_validate.py` refuses one. Keys without a sensible default (a
 model's path, its layer count) are MISSING: the chosen option must set them. Code reads the
 composed config and never carries a fallback value of its own.
 
