@@ -94,7 +94,7 @@ def test_generate_through_sglang_equals_the_hf_backend_under_greedy_decoding(cha
             assert "generate: launching sglang" in done.stdout + done.stderr
             assert_stopped(port)
         manifest = _new_unit(root, "generate", before)
-        assert manifest.status == "complete" and manifest.config["backend"] == backend
+        assert manifest.status == "complete" and manifest.config["generate"]["backend"] == backend
         # The answers and the ids behind them: the hf backend's own, SGLang's response_token_ids.
         answers[backend] = {r["id"]: (r["messages"], [t["token_ids"] for t in r["meta"]["generation"]["turns"]])
                             for r in read_jsonl(Path(manifest.dir) / "conversations.jsonl")}

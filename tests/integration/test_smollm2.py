@@ -52,7 +52,7 @@ def test_smollm2_questions_regenerated_by_vllm_train_a_lossless_draft(tmp_path):
     conversations = list(read_jsonl(generated.dir / "conversations.jsonl"))
     answers = [c["messages"][-1] for c in conversations]
     assert all(a["role"] == "assistant" and a["content"].strip() for a in answers)
-    assert generated.config["backend"] == "vllm"
+    assert generated.config["generate"]["backend"] == "vllm"
 
     # SmolLM2's answers train on the ids vLLM says it emitted, not on their text re-encoded.
     [tokenized] = [Manifest.load(d) for d in (root / "tokenize").iterdir()]
