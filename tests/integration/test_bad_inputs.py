@@ -126,6 +126,7 @@ def test_a_read_only_paths_root_is_one_line_before_hydra_writes(tmp_path):
     assert f"paths.root: '{mount / 'artifacts'}' -- cannot be written (Read-only file system" in done.stderr
 
 
+@pytest.mark.slow
 def test_two_jobs_started_at_once_keep_their_own_run_directory_and_record(tmp_path):
     """A failing and a succeeding job of the same stage, started together: each job.json tells its own end."""
     root = tmp_path / "root"

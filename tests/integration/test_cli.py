@@ -41,6 +41,7 @@ def test_cfg_job_prints_composed_config(cli):
     assert "name: kimi_k25" in result.stdout and "capture_layers:" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
     """Tests run jobs in-process (tests.conftest.run_cli_in_process): the same exit code and lines as
     the interpreter gives, and the test process as it was."""
@@ -60,6 +61,7 @@ def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
     assert torch.get_num_threads() == threads  # cpu_threads=1 set it in the job, not for the tests after
 
 
+@pytest.mark.slow
 def test_a_stage_job_run_in_process_writes_what_its_own_interpreter_writes(tmp_path):
     """Stage jobs run in-process too (but in tests marked `own_process`, tests/conftest.py): the
     same exit code, the same unit directories byte for byte, and a one-line error the same way."""

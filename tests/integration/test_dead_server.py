@@ -110,6 +110,7 @@ def _mock_server(tmp_path: Path, latency_s: float) -> ServerProcess:
                          records_dir=tmp_path / ".servers")
 
 
+@pytest.mark.slow
 def test_the_http_client_names_the_launched_server_that_died_at_once(tmp_path):
     # Generous retries and timeouts: without the check the client would retry for minutes.
     cfg = to_settings(compose_config(["generate.backend=vllm", "generate.http.request_timeout_s=600",

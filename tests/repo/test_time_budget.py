@@ -52,7 +52,8 @@ def test_over_its_budget_and_failing():
 REPORT_LINE = r"  {what}: \d\.\d s, budget 0\.2 s \(\d+\.\d\dx; grew\)"
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)], ids=["one process", "two xdist workers"])
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2], ids=["one process", "two xdist workers"])
 def test_over_budget_tests_and_fixtures_pass_and_are_listed_with_the_machines_speed(pytester, monkeypatch, workers):
     monkeypatch.setenv("PYTHONPATH", str(PROJECT_ROOT))  # the workers' conftest imports tests.time_budgets
     pytester.makeconftest(CONFTEST)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from eagle3.artifacts import Manifest
 from tests.conftest import FIXTURES
 
@@ -41,6 +43,7 @@ def test_cli_refuses_a_complete_prep_unit_with_a_flipped_byte_then_force_rebuild
     assert again.returncode == 0 and "complete, reusing" in again.stdout + again.stderr
 
 
+@pytest.mark.slow
 def test_a_stage_refuses_to_read_an_input_unit_with_a_flipped_byte(cli, tmp_path):
     """`stage=tokenize` alone reads prep's complete output: a changed file must not feed the work."""
     root = tmp_path / "artifacts"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -93,6 +94,12 @@ def _inherited(rel: Path, key: str):
     raise KeyError(key)
 
 
+@functools.cache
+def _structured(node_class: type) -> DictConfig:
+    """The schema node of `node_class`, built once (read only: `_schema_default` walks it)."""
+    return OmegaConf.structured(node_class)
+
+
 def _schema_default(rel: Path, key: str):
     """The default of `key` as the option at `rel` sets it: its parent option's value, else the schema's.
 
@@ -104,14 +111,14 @@ def _schema_default(rel: Path, key: str):
         pass
     text = (CONF_DIR / rel).read_text()
     if rel.parts[0] == "logger" and "@package _global_" not in text:
-        node = OmegaConf.structured(logger_schema.WandbLoggerConfig if rel.stem == "wandb" else logger_schema.CSVLoggerConfig)
+        node = _structured(logger_schema.WandbLoggerConfig if rel.stem == "wandb" else logger_schema.CSVLoggerConfig)
     else:
-        node = OmegaConf.structured(schema.Eagle3Config)
+        node = _structured(schema.Eagle3Config)
         if "@package _global_" not in text and len(rel.parts) > 1:
             key = f"{rel.parts[0]}.{key}"
     parts = key.split(".")
     if parts[:2] == ["dataset", "sources"] and len(parts) > 3:  # a source entry: the per-source defaults
-        node, parts = OmegaConf.structured(schema.DatasetSourceConfig), parts[3:]
+        node, parts = _structured(schema.DatasetSourceConfig), parts[3:]
     for part in parts:
         if not isinstance(node, DictConfig) or part not in node:
             raise KeyError(key)

@@ -148,6 +148,7 @@ def test_a_missing_config_dir_is_named(team, tmp_path):
     assert f"Additional config directory '{missing}' not found" in done.stderr
 
 
+@pytest.mark.slow
 def test_stage_all_with_a_user_config_dir_exports_the_yamls_capture(team, tmp_path):
     root = tmp_path / "artifacts"
     # The plain layer, so both engines get an export (server=hf defaults to vLLM's norm_before_residual,

@@ -88,6 +88,7 @@ def test_url_with_token_query_is_refused(run):
     assert_refused_and_nothing_written(proc, root, cwd, "server.urls", PASSWORD)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [f"[--api-key,{API_KEY}]", f"[--api-key={API_KEY}]", "[--api-key,plainvalue123]"])
 def test_api_key_in_server_extra_args_is_refused_pointing_at_the_environment(run, args):
     secret = args.strip("[]").replace("=", ",").split(",")[1]
@@ -244,6 +245,7 @@ AWS_ID = "AKIAIOSFODNN7EXAMPLE"
     (f"+server.env.ngc_cli_key={AZURE_HEX}", "server.env.ngc_cli_key", AZURE_HEX),
     (f"+generate.server.env.ngc_cli_key={AZURE_HEX}", "generate.server.env.ngc_cli_key", AZURE_HEX),
 ], ids=["ngc", "azure-hex", "lower-case-env", "generate-server-env"])
+@pytest.mark.slow
 def test_env_style_keys_and_ngc_keys_are_refused_before_hydra_writes_anything(run, override, key, secret):
     proc, root, cwd = run("stage=plan", override)
     assert_refused_and_nothing_written(proc, root, cwd, key, secret)

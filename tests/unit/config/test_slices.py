@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import pytest
@@ -69,7 +70,13 @@ BASE = ["dataset=demo_prompts", "generate.backend=vllm"]
     (BENCH, "demo", "server.speculative.draft_quantization=unquant", True),
 ])
 def test_a_stage_slice_follows_the_schema_marks(stage, unit, override, keyed):
-    extra = ["stage=bench", "server=vllm"] if stage is BENCH else []
-    before = stage.unit_config(compose_settings([*BASE, *extra]), unit)
+    extra = ("stage=bench", "server=vllm") if stage is BENCH else ()
+    before = stage.unit_config(_base(extra), unit)
     after = stage.unit_config(compose_settings([*BASE, *extra, override]), unit)
     assert (after != before) is keyed, override
+
+
+@functools.cache
+def _base(extra: tuple[str, ...]):
+    """The config every case of a stage changes one key of (composed once; stages only read it)."""
+    return compose_settings([*BASE, *extra])

@@ -81,6 +81,7 @@ def test_files_config_and_size(target, tokenizer):
     assert gen["eos_token_id"] == tokenizer.convert_tokens_to_ids(kf.IM_END)
 
 
+@pytest.mark.slow
 def test_heldout_loss_is_well_below_a_unigram_baseline(target, model, tokenizer):
     # Measured here, not read from the training report: a unigram over training-split
     # conversations against the model on held-out ones (the report's figures use more of both).

@@ -90,6 +90,7 @@ def _randomized(g) -> Eagle3Draft:
     return draft
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,overrides,refusing,keys", CASES, ids=[c[0] for c in CASES])
 def test_the_export_refuses_each_case_for_exactly_those_engines(tmp_path, case, overrides, refusing, keys):
     g = _train_geometry(_overrides(overrides, tmp_path))
@@ -104,6 +105,7 @@ def test_the_export_refuses_each_case_for_exactly_those_engines(tmp_path, case, 
     assert sorted(engine for engine in ENGINES if geometry_refusals(g, engine)) == sorted(refusing)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,overrides,refusing,keys", CASES, ids=[c[0] for c in CASES])
 def test_validation_refuses_each_case_before_any_stage_runs(tmp_path, case, overrides, refusing, keys):
     root = tmp_path / "artifacts"

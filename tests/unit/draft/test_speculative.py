@@ -171,6 +171,7 @@ def test_oracle_draft_accepts_k_plus_one_per_verify(target, prompts, k):
         assert res.accept_length == k + 1
 
 
+@pytest.mark.slow
 def test_noisy_oracle_is_lossless_and_draft_cache_holds_only_committed_positions(target, layered_draft, prompts):
     """Partial acceptance at every offset crops both caches; each draft layer's cache must equal a fresh prefill."""
     draft = layered_draft

@@ -147,6 +147,7 @@ def test_kimi_plan_shows_store_and_online_side_by_side(tmp_path):
     assert modes["configured"] == "hybrid" and modes["modes"]["hybrid"]["bytes_stored"]["value"] == 2_000 * 10**9
 
 
+@pytest.mark.slow
 def test_demo_plan_uses_the_manifests_of_stages_that_ran(tmp_path):
     root = tmp_path / "artifacts"
     # The two cheap stages in-process (as `stage=demo_data`, then `stage=prep`, would run them),

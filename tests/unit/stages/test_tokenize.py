@@ -58,6 +58,7 @@ def run_tokenize(root: Path, up: Manifest, settings: RenderSettings, workers: in
         return out.finalize(extra=extra)
 
 
+@pytest.mark.slow
 def test_bad_input_is_rejected_and_the_job_goes_on(tmp_path):
     # A template that refuses non-string content, as a strict template does.
     strict = ("{%- for m in messages -%}{%- if m.content is mapping -%}"
