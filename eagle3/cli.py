@@ -1,4 +1,6 @@
-"""The job behind `scripts/run.py`: validate the composed config, then run the chosen stages.
+"""The Hydra side of eagle3: the job behind `scripts/run.py` (validate the composed config, turn it into
+the schema's dataclasses once, run the chosen stages) and `ReportOnSweepEnd`, the callback that reports
+a multirun when it ends. Only this module and `eagle3.config` see a `DictConfig`.
 
 Every job leaves `job.json` in its run directory (`eagle3.sweeps.jobs`): what it ran, with which overrides,
 whether it finished, and the manifest directory of every stage output it produced or reused. A
@@ -7,6 +9,7 @@ sweep's jobs are found from these files (`stage=report`), not from a tracking se
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
@@ -31,7 +35,7 @@ from eagle3.tracking import finish_job
 
 log = logging.getLogger("eagle3")
 
-__all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "check_config", "job_config",
+__all__ = ["EXIT_CONFIG_ERROR", "EXIT_NO_SPACE", "EXIT_STAGE_ERROR", "ReportOnSweepEnd", "check_config", "job_config",
            "report_config_errors", "run_job"]
 
 
@@ -128,3 +132,52 @@ def run_job(cfg: DictConfig) -> int:
         log.info("  %s", out)
     log.info("run log and config: %s", run_dir)
     return 0
+
+
+class ReportOnSweepEnd(Callback):
+    """At the end of a multirun, write the sweep report (`eagle3.sweeps.collect`: `sweep_report.{md,json}`
+    and plots) into `hydra.sweep.dir` -- files only, no experiment logger -- also when a job failed
+    (Hydra then skips `on_multirun_end`; the report lists the failure). An experiment YAML enables it:
+
+        hydra:
+          callbacks:
+            sweep_report:
+              _target_: eagle3.cli.ReportOnSweepEnd
+
+    `python scripts/run.py stage=report report.sweep_dir=<dir>` builds the same report later, and
+    also logs it to W&B.
+
+    Args:
+        x: x axis of the τ plot (see `eagle3.sweeps.collect.build_report`); None = data scale.
+        baseline: the recipe the seed-pooled rows are compared with (`report.baseline`); None = the first.
+    """
+
+    def __init__(self, x: Optional[str] = None, baseline: Optional[str] = None) -> None:
+        self.x, self.baseline = x, baseline
+        self._pending: Optional[Path] = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A failed job makes the sweeper raise after the other jobs ran, and Hydra then exits
+        # without `on_multirun_end`: the exit hook writes the report in that case.
+        self._pending = Path(str(config.hydra.sweep.dir)).expanduser()
+        atexit.register(self._write_if_sweep_stopped)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._pending = None
+        self._write(Path(str(config.hydra.sweep.dir)).expanduser())
+
+    def _write_if_sweep_stopped(self) -> None:
+        sweep, self._pending = self._pending, None
+        if sweep is not None and sweep.is_dir():
+            log.info("the sweep stopped before its end (a job failed, or it was interrupted): writing its report")
+            self._write(sweep)
+
+    def _write(self, sweep: Path) -> None:
+        from eagle3.sweeps.collect import report_sweep
+
+        try:
+            _, files = report_sweep(sweep, x=self.x, baseline=self.baseline)
+        except Exception as exc:  # a report must never turn a finished sweep into a failed one
+            log.warning("sweep report not written: %s: %s", type(exc).__name__, exc)
+            return
+        log.info("sweep report: %s", files["md"])

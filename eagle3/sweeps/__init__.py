@@ -1,9 +1,5 @@
-"""Sweeps: the record each job leaves (`jobs`), a sweep's report as data (`collect`), the rules of
-`stage=report` (`rules`) and the Hydra callback that reports a multirun when it ends (`callback`).
-
-`eagle3.sweeps.ReportOnSweepEnd` is what an experiment YAML names under `hydra.callbacks`.
+"""Sweeps: the record each job leaves (`jobs`), a sweep's report as data (`collect`), the recipes of a
+sweep with their seeds pooled (`variants`), the data-scale curve (`scale_curve`) and the rules of
+`stage=report` (`rules`). The Hydra callback that reports a multirun when it ends is
+`eagle3.cli.ReportOnSweepEnd` (the Hydra side).
 """
-
-from eagle3.sweeps.callback import ReportOnSweepEnd
-
-__all__ = ["ReportOnSweepEnd"]

@@ -19,7 +19,7 @@ listed with their status and left out of the plots, with a note. A job of `stage
 never part of a report.
 
 Used by `stage=report` (`eagle3/stages/report.py`, which also logs to the job's loggers) and by
-the Hydra callback `eagle3.sweeps.ReportOnSweepEnd` (files only), through `report_sweep`.
+the Hydra callback `eagle3.cli.ReportOnSweepEnd` (files only), through `report_sweep`.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def test_a_failed_sweep_job_does_not_stop_the_others_and_is_recorded(cli, tmp_pa
     root = tmp_path / "artifacts"
     result = cli("-m", "stage=demo_data", "dataset=demo_prompts",
                  "dataset.sources.demo_prompts.num_samples=-1,8",
-                 "+hydra.callbacks.sweep_report._target_=eagle3.sweeps.ReportOnSweepEnd", root=root)
+                 "+hydra.callbacks.sweep_report._target_=eagle3.cli.ReportOnSweepEnd", root=root)
     assert result.returncode == 1, result.stderr
     assert "dataset.sources.demo_prompts.num_samples: -1 -- must be a positive number" in result.stderr
     [sweep_dir] = list((root / "multirun").iterdir())

@@ -298,10 +298,9 @@ def test_one_implementation_of_each_thing(pattern, why):
     assert not hits, f"{why}: {hits}"
 
 
-#: Where a `DictConfig` may appear in a signature: the Hydra side (the entrypoint, composition and
-#: validation) and the methods of Hydra's Callback API, whose signatures Hydra fixes.
+#: Where a `DictConfig` may appear in a signature: the Hydra side (the entrypoint and its sweep
+#: callback, composition and validation).
 DICTCONFIG_ALLOWED = ("eagle3.cli", "eagle3.config")
-HYDRA_CALLBACK_MODULE = "eagle3.sweeps.callback"
 OMEGACONF_TYPES = re.compile(r"\b(DictConfig|ListConfig|OmegaConf)\b")
 
 
@@ -310,14 +309,6 @@ def _signature_annotations(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[s
     every = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]
     return [ast.unparse(a.annotation) for a in every if a.annotation is not None] + \
         ([ast.unparse(fn.returns)] if fn.returns is not None else [])
-
-
-def _is_hydra_callback_method(name: str, fn: ast.AST, tree: ast.Module) -> bool:
-    """A method of a class deriving from hydra's Callback, in the one module that holds them."""
-    if name != HYDRA_CALLBACK_MODULE:
-        return False
-    return any(isinstance(cls, ast.ClassDef) and fn in cls.body and
-               any(ast.unparse(base).endswith("Callback") for base in cls.bases) for cls in ast.walk(tree))
 
 
 def test_domain_code_takes_the_schema_dataclasses_not_a_dictconfig():
@@ -329,7 +320,7 @@ def test_domain_code_takes_the_schema_dataclasses_not_a_dictconfig():
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or _is_hydra_callback_method(name, fn, tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             bad = [a for a in _signature_annotations(fn) if OMEGACONF_TYPES.search(a)]
             if bad:

@@ -355,7 +355,7 @@ def test_callback_writes_the_report_at_the_end_of_a_multirun(sweep, tmp_path):
     from hydra.experimental.callback import Callback
     from hydra.utils import instantiate
 
-    callback = instantiate({"_target_": "eagle3.sweeps.ReportOnSweepEnd"})
+    callback = instantiate({"_target_": "eagle3.cli.ReportOnSweepEnd"})
     assert isinstance(callback, Callback)
     config = OmegaConf.create({"paths": {"root": str(sweep.parent.parent)},
                                "hydra": {"sweep": {"dir": "${paths.root}/multirun/" + SWEEP}}})
