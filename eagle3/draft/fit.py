@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -26,6 +26,12 @@ from eagle3.engines import ENGINES
 from eagle3.errors import Eagle3Error
 from eagle3.target_info import CONFIG_FILE, TargetConfigError, read_config, resolve_dir
 from eagle3.threads import ranks_share_cores
+
+if TYPE_CHECKING:  # lightning and the datasets load only when a fit runs
+    import lightning as L
+
+    from eagle3.draft.lightning_module import DraftModule
+    from eagle3.states.dataset import SplitDataset
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
            "export_engines", "fit_draft", "load_vocab_maps", "resolve_precision", "resume_point", "split_dataset",
@@ -117,16 +123,16 @@ def build_trainer(config: Eagle3Config, loggers: Sequence[Any], unit_dir: Path, 
 class FitResult:
     """What a fit leaves: the trainer, the trained module, its data, wall time, the step it resumed at."""
 
-    trainer: Any
-    module: Any
-    train_set: Any
-    eval_set: Any
+    trainer: L.Trainer
+    module: DraftModule
+    train_set: SplitDataset
+    eval_set: SplitDataset
     wall_s: float
     resumed_at: Optional[int]
 
 
 def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any] = None,
-                  hybrid: Optional[dict[str, Any]] = None) -> Any:
+                  hybrid: Optional[dict[str, Any]] = None) -> SplitDataset:
     """A split's dataset: the store of the `extract` input, or with `make_source` (online) the merged
     split of the `merged` input, its states computed per batch; with `hybrid` (the store's
     `HybridStateDataset` arguments) computed once and stored."""
@@ -143,13 +149,13 @@ def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any]
 
 
 def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None,
-                  hybrid: Optional[dict[str, Any]] = None) -> tuple[Any, Any]:
+                  hybrid: Optional[dict[str, Any]] = None) -> tuple[SplitDataset, SplitDataset]:
     """`(train, eval)`: `split_dataset` of both splits."""
     return split_dataset(inputs, "train", make_source, hybrid), split_dataset(inputs, "eval", make_source, hybrid)
 
 
-def fit_draft(config: Eagle3Config, train_set: Any, eval_set: Any, vocab_maps: tuple[torch.Tensor, torch.Tensor],
-              unit_dir: Path, loggers: Sequence[Any]) -> FitResult:
+def fit_draft(config: Eagle3Config, train_set: SplitDataset, eval_set: SplitDataset,
+              vocab_maps: tuple[torch.Tensor, torch.Tensor], unit_dir: Path, loggers: Sequence[Any]) -> FitResult:
     """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
 
     Args:

@@ -52,6 +52,9 @@ class SplitDataset(Dataset):
     def __len__(self) -> int:
         return len(self._offsets)
 
+    def close_source(self) -> None:
+        """Release what computes this split's states (stored states need nothing; see the online datasets)."""
+
     def _record(self, index: int) -> dict[str, Any]:
         if self._fh is None or os.getpid() != self._pid:
             self._fh, self._pid = open(self.split_file, "rb"), os.getpid()
