@@ -131,6 +131,36 @@ class FitResult:
     resumed_at: Optional[int]
 
 
+@dataclass
+class TrainMetrics:
+    """What a train unit reports (`train_metrics.json` and its manifest's `extra`), read back by stage
+    report (`eagle3.sweeps.collect`) and stage plan (`eagle3.planning.modes`: `train_tokens_per_s`)."""
+
+    global_step: int
+    epochs: int
+    train_samples: int
+    eval_samples: int
+    train_tokens_per_epoch: int
+    fit_wall_s: float
+    train_tokens_this_run: int  # sample tokens (not padding) this process trained; a resumed run counts its own
+    train_tokens_per_s: Optional[float]
+    resumed_at_step: Optional[int]
+    world_size: int
+    eval: Optional[dict[str, Any]]  # `eagle3.draft.evaluate.evaluate_pooled` on the eval split; None without one
+    geometry: dict[str, Any]
+    trainable_parameters: int
+    hidden_states: str  # train.hidden_states
+    # Online and hybrid: what computing the states cost rank 0 during the fit (train shard, validations).
+    states_source: Optional[list[dict[str, Any]]] = None
+
+    def record(self) -> dict[str, Any]:
+        """As JSON holds it (no `states_source` key where the states were stored)."""
+        plain = asdict(self)
+        if self.states_source is None:
+            del plain["states_source"]
+        return plain
+
+
 def split_dataset(inputs: dict[str, Any], split: str, make_source: Optional[Any] = None,
                   hybrid: Optional[dict[str, Any]] = None) -> SplitDataset:
     """A split's dataset: the store of the `extract` input, or with `make_source` (online) the merged

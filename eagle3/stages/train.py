@@ -26,7 +26,7 @@ from typing import Any, Optional
 from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
 from eagle3.config.schema import Eagle3Config
 from eagle3.config.slices import fingerprinted
-from eagle3.draft.fit import FIT_SUMMARY, export_engines, fit_draft, load_vocab_maps, training_sets
+from eagle3.draft.fit import FIT_SUMMARY, TrainMetrics, export_engines, fit_draft, load_vocab_maps, training_sets
 from eagle3.draft.options import COMPUTING_MODES, HYBRID
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
@@ -116,31 +116,28 @@ def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutp
         module.to("cpu").eval()
         pooled = evaluate_pooled(module, eval_set, batch_tokens=t.batch_tokens) if len(eval_set) else None
     done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)
-    # Online: what computing the states cost rank 0 during the fit (train shard, validations).
-    states = {"hidden_states": t.hidden_states,
-              **({"states_source": done.get("states_source", [])} if online(config) else {})}
     out.count_in(len(train_set))
     out.count_out(len(train_set))
 
     exports = export_engines(module, out.dir / EXPORT_DIR, t.export_dtype,
                              {"dataset": unit, "global_step": done["global_step"]})
-    metrics = {
-        "global_step": done["global_step"],
-        "epochs": done["epochs"],
-        "train_samples": len(train_set),
-        "eval_samples": len(eval_set),
-        "train_tokens_per_epoch": int(sum(int(n) for n in train_set.lengths)),
-        "fit_wall_s": round(wall, 1),
-        # Sample tokens (not padding) trained by this process; a resumed run counts its own steps.
-        "train_tokens_this_run": done["tokens_this_run"],
-        "train_tokens_per_s": round(done["tokens_this_run"] / wall, 1) if wall > 0 else None,
-        "resumed_at_step": fit.resumed_at,
-        "world_size": done["world_size"],
-        "eval": pooled,
-        "geometry": module.draft.geometry.to_dict(),
-        "trainable_parameters": sum(p.numel() for p in module.draft.parameters() if p.requires_grad),
-        **states,
-    }
+    metrics = TrainMetrics(
+        global_step=done["global_step"],
+        epochs=done["epochs"],
+        train_samples=len(train_set),
+        eval_samples=len(eval_set),
+        train_tokens_per_epoch=int(sum(int(n) for n in train_set.lengths)),
+        fit_wall_s=round(wall, 1),
+        train_tokens_this_run=done["tokens_this_run"],
+        train_tokens_per_s=round(done["tokens_this_run"] / wall, 1) if wall > 0 else None,
+        resumed_at_step=fit.resumed_at,
+        world_size=done["world_size"],
+        eval=pooled,
+        geometry=module.draft.geometry.to_dict(),
+        trainable_parameters=sum(p.numel() for p in module.draft.parameters() if p.requires_grad),
+        hidden_states=t.hidden_states,
+        states_source=done.get("states_source", []) if online(config) else None,
+    ).record()
     atomic_write_json(out.dir / METRICS_FILE, metrics)
     if pooled:
         # Lightning validates every `eval_every_n_epochs`, which need not divide the epoch count; the
