@@ -130,7 +130,7 @@ class DatasetConfig:
 
     `files` (dataset=files, or added to any dataset) lists local files that become one source
     each, named after the file, with the settings below; `eagle3.data.detect.with_file_sources`
-    does it right after composition, so every stage sees ordinary sources.
+    does it when the config is validated, so every rule and stage sees ordinary sources.
     """
 
     name: str = MISSING

@@ -22,12 +22,12 @@ def check_dataset(cfg: Eagle3Config, err: ConfigErrors) -> None:
 
 
 def _check_dataset(dataset: DatasetConfig, err: ConfigErrors) -> None:
-    if dataset.files:
-        pass  # still listed: `with_file_sources`, which ran before the rules, put each mistake in `err`
-    elif not dataset.sources and dataset.files is not None:
+    # Files still listed are ones `with_file_sources` (run before the rules) could not make sources:
+    # it put each mistake in `err` already.
+    if not dataset.sources and dataset.files == []:
         err.add("dataset.files", [], "names no file", "dataset.files=[a.jsonl,b.parquet] (local "
                 + ", ".join(SUPPORTED_SUFFIXES) + " files)")
-    elif not dataset.sources:
+    elif not dataset.sources and dataset.files is None:
         err.add("dataset.sources", {}, "a dataset needs at least one source",
                 "e.g. dataset=demo or dataset=kimi_native")
     for name, src in dataset.sources.items():
