@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.config.client_schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.types import GenerationRequest, SamplingParams
 

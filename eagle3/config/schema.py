@@ -1,16 +1,20 @@
 """Typed schema behind every YAML under conf/, and the one home of every default.
 
-The rule: **a key's default lives here (and in `server_schema`, the engines' nodes), next to its
-type and comment; a YAML file under conf/ sets only what its option changes** (`model/kimi_k25.yaml`
-the facts of Kimi-K2.5, `train/demo.yaml` the demo's batch sizes). A YAML value equal to the default here is a copy
-that would drift, and `tests/unit/config/test_compose_and_validate.py` refuses one. Keys without a sensible default (a
-model's path, its layer count) are MISSING: the chosen option must set them. Code reads the
-composed config and never carries a fallback value of its own.
+The rule: **a key's default lives here (and in `server_schema`, the engines' nodes, and `client_schema`,
+generate's and extract's), next to its type, constraint and comment; a YAML file under conf/ sets only
+what its option changes** (`model/kimi_k25.yaml` the facts of Kimi-K2.5, `train/demo.yaml` the demo's
+batch sizes). A YAML value equal to the default here is a copy that would drift, and
+`tests/unit/config/test_compose_and_validate.py` refuses one. Keys without a sensible default (a model's
+path, its layer count) are MISSING: the chosen option must set them. Code reads the composed config
+and never carries a fallback value of its own.
 
-A field marked `run_field`/`speed_field`/`use_field` does not key the outputs its stages write
-(`eagle3.config.slices`). The dataclasses are registered in Hydra's ConfigStore
-(`registration.py`), so a misspelt key or a value of the wrong type fails at composition. Choices
-are plain strings checked by the owning package's rules (all bad values reported at once).
+Each field is declared by the constructor that says which outputs it keys (`setting`, or
+`run_field`/`speed_field`/`use_field`, which do not key them: `eagle3.config.slices`) and what is
+valid: a choice (a `Literal` of `eagle3.config.choices`) or a range (`gt=0`, `ge=0, le=1`). Those
+single-field checks are derived from the fields (`eagle3.config.fields.check_fields`), every bad
+value reported at once; the `rules` modules of the domain keep only the rules across fields. The
+dataclasses are registered in Hydra's ConfigStore (`registration.py`), so a misspelt key or a value
+of the wrong type fails at composition.
 """
 
 from __future__ import annotations
@@ -20,8 +24,26 @@ from typing import Any, Optional
 
 from omegaconf import II, MISSING
 
+from eagle3.config.choices import (
+    AnswerIds,
+    Attention,
+    DatasetSchema,
+    Generator,
+    HiddenStates,
+    Loss,
+    LrSchedule,
+    OutOfVocab,
+    Overlength,
+    Precision,
+    StepWeights,
+    Strategy,
+    Teacher,
+    Track,
+)
+from eagle3.config.client_schema import ExtractConfig, GenerateConfig
+from eagle3.config.fields import run_field, setting, speed_field, use_field
 from eagle3.config.server_schema import BenchConfig, ServeConfig, ServerConfig
-from eagle3.config.slices import run_field, speed_field, use_field
+from eagle3.dtypes import DTYPES
 
 
 @dataclass
@@ -42,14 +64,14 @@ class DraftGeometryConfig:
     (`model=auto` derives it so). `vocab_size` is the default `model=auto` caps at the target's.
     """
 
-    vocab_size: int = 32000
+    vocab_size: int = setting(32000, gt=0)
     hidden_size: Optional[int] = None
     fc_in_features: Optional[int] = None
     num_attention_heads: Optional[int] = None
     num_key_value_heads: Optional[int] = None
     intermediate_size: Optional[int] = None
     # Decoder layers; vLLM serves any number, SGLang one (eagle3.engines.ENGINE_MAX_DRAFT_LAYERS).
-    num_layers: int = 1
+    num_layers: int = setting(1, gt=0)
     # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all, SGLang all but
     # norm_before_residual: VARIANT_ENGINES; a draft is exported for those that serve it).
     # norm_before_residual follows the serving engine (eagle3.engines.SERVING_LAYER): on for vLLM (and
@@ -58,8 +80,8 @@ class DraftGeometryConfig:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
-    # The layer's attention (eagle3.draft.options.ATTENTIONS); mla's fields below: null = the target's.
-    attention: str = "llama"
+    # The layer's attention (eagle3.draft.options says what each is); mla's fields below: null = the target's.
+    attention: str = setting("llama", Attention)
     q_lora_rank: Optional[int] = None
     kv_lora_rank: Optional[int] = None
     qk_nope_head_dim: Optional[int] = None
@@ -80,12 +102,12 @@ class ModelConfig:
     path: str = MISSING  # hub id or local directory
     revision: Optional[str] = None
     trust_remote_code: bool = False
-    dtype: str = "bfloat16"
+    dtype: str = setting("bfloat16", DTYPES)
     # Multimodal wrappers (Kimi-K2.5) nest the language model's config under this key.
     text_config_key: Optional[str] = None
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    vocab_size: int = MISSING
+    num_layers: int = setting(MISSING, gt=0)
+    hidden_size: int = setting(MISSING, gt=0)
+    vocab_size: int = setting(MISSING, gt=0)
     # Capture index i = residual stream entering decoder layer i = HF hidden_states[i].
     capture_layers: list[int] = MISSING
     # Template used for training renders (keeps reasoning on every assistant turn); None = the
@@ -102,8 +124,8 @@ class ModelConfig:
 class DatasetSourceConfig:
     """One raw dataset: where it comes from, its schema, and which track it belongs to."""
 
-    track: str = MISSING  # target_native | prompt_only
-    schema: str = MISSING  # see validate.DATASET_SCHEMAS
+    track: str = setting(MISSING, Track)
+    schema: str = setting(MISSING, DatasetSchema)  # eagle3.data.adapters reads each
     hub_id: Optional[str] = None
     # Hub datasets: the commit (or tag) to read. None = the latest, pinned to the commit the first
     # run of a unit resolved (prep's `hub_revision.json`), so a resumed prep never mixes versions.
@@ -111,11 +133,11 @@ class DatasetSourceConfig:
     subset: Optional[str] = None
     split: str = "train"
     data_files: Optional[list[str]] = None  # local json / jsonl / parquet
-    generator: Optional[str] = None  # demo_native | demo_prompts (built in the package)
+    generator: Optional[str] = setting(None, Generator)  # built in the package (eagle3.demo.datasets)
     # generator demo_native: the target whose sampled answers it holds (conf/dataset/demo_native.yaml).
     answered_by: Optional[str] = None
-    num_samples: Optional[int] = None  # None = all
-    weight: float = use_field(1.0)  # mixture weight (merge stage)
+    num_samples: Optional[int] = setting(None, gt=0)  # None = all
+    weight: float = use_field(1.0, ge=0)  # mixture weight (merge stage)
     streaming: bool = False
     # Adapter column names, for schemas whose columns vary between releases.
     columns: dict[str, str] = field(default_factory=dict)
@@ -148,172 +170,40 @@ class DatasetConfig:
 class DataConfig:
     """Knobs shared by the data stages."""
 
-    scale: Optional[int] = None  # total training samples after merge; None = everything
-    eval_size: int = 16  # held-out samples, the same at every data scale
-    max_len: int = 2048
+    scale: Optional[int] = setting(None, gt=0)  # total training samples after merge; None = everything
+    # Held-out samples, the same at every data scale. Validation, coverage_eval and eval's acceptance all read
+    # the eval split: over 0 samples they would report 1.0 made of nothing.
+    eval_size: int = setting(16, ge=1, why="the eval split feeds every accept-length and coverage figure; with no "
+                             "samples they would be numbers made of nothing", valid=">= 1 (e.g. 16)")
+    max_len: int = setting(2048, gt=0)
     seed: int = II("seed")
     # A source (or mixture) that loses more than this share of its records at one stage (prep's
     # filters, generate, tokenize, ...) gets a WARNING line in that stage's summary; sampling
     # (num_samples, data.scale) is no loss. A stage that keeps none of a unit's records stops the job.
-    warn_reject_fraction: float = 0.5
+    warn_reject_fraction: float = setting(0.5, ge=0, le=1, why="a share of a source's records",
+                                          valid="[0, 1] (0 = warn on any loss, 1 = never)")
 
 
 @dataclass
 class PrepConfig:
     """Filters applied while mapping raw records to canonical conversations (stage prep)."""
 
-    min_user_turns: int = 1
+    min_user_turns: int = setting(1, gt=0)
     max_user_turns: int = 64
-    max_chars: int = 200_000  # whole conversation, all message text
+    max_chars: int = setting(200_000, gt=0)  # whole conversation, all message text
     dedupe: bool = True  # by normalized prompt (all user turns)
-
-
-@dataclass
-class GeneratePartitionConfig:
-    """Requests whose estimated prompt fits `max_context` tokens share `concurrency` slots.
-
-    A request goes to the first partition (smallest `max_context`) it fits; null = no limit.
-    Long prompts hold more KV cache, so they run at a lower concurrency (docs/design.md, 'Facts:
-    published numbers': the plan regenerated <= 10K-token prompts at concurrency 150-200, longer
-    ones in their own partition).
-    """
-
-    max_context: Optional[int] = None
-    concurrency: int = 16
-
-
-def _default_partitions() -> list[GeneratePartitionConfig]:
-    return [GeneratePartitionConfig(max_context=10240, concurrency=192),
-            GeneratePartitionConfig(max_context=None, concurrency=16)]
-
-
-@dataclass
-class GenerateHTTPConfig:
-    """The client of OpenAI-compatible servers (generate.backend vllm | sglang) in stage generate.
-
-    Only `chat_template_kwargs`, `thinking_keys` and `extra_body` change what is generated, so
-    only they enter the output fingerprint; the rest says how fast and how stubbornly the client
-    asks, and a resumed run may change it (more endpoints, another concurrency or timeout).
-    """
-
-    partitions: list[GeneratePartitionConfig] = speed_field(default_factory=_default_partitions)
-    # false: a partition's concurrency is the total over all endpoints; true: per endpoint.
-    concurrency_per_endpoint: bool = speed_field(False)
-    endpoint_strategy: str = speed_field("least_busy")  # least_busy | round_robin
-    # Prompt tokens are estimated as characters / chars_per_token (low = conservative).
-    chars_per_token: float = speed_field(3.0)
-    request_timeout_s: float = run_field(1800.0)  # whole request (non-streaming), attempts separately
-    connect_timeout_s: float = run_field(30.0)
-    max_attempts: int = run_field(6)  # per request; timeouts, connection loss, HTTP 429/5xx are retried
-    backoff_s: float = run_field(1.0)  # exponential backoff base (with jitter), capped at max_backoff_s
-    max_backoff_s: float = run_field(60.0)
-    # Stop the run after this many requests in a row failed for good (the endpoints are down)
-    # instead of sending the rest into a dead server. Failed conversations are never rejected:
-    # they stay undone and the next run of the same command retries them. 0 = never stop.
-    max_consecutive_failures: int = run_field(64)
-    connect_wait_s: float = run_field(60.0)  # how long to wait at start for a first endpoint to answer
-    # Batches regenerated at once (each advances turn by turn); null = enough to fill the
-    # largest partition twice over.
-    inflight_batches: Optional[int] = speed_field(None)
-    model: Optional[str] = run_field(None)  # served model name; null = the first of the server's /v1/models
-    # Sent as chat_template_kwargs; the source's thinking mode is added under each thinking key
-    # (Kimi-K2.5 reads `thinking`, Qwen3-style templates `enable_thinking`).
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    thinking_keys: list[str] = field(default_factory=lambda: ["thinking", "enable_thinking"])
-    extra_body: dict[str, Any] = field(default_factory=dict)  # more request fields, engine-specific
-    # Seconds between stage generate's progress lines when no terminal watches (any backend; batch jobs)
-    log_every_s: float = run_field(30.0)
-
-
-@dataclass
-class GenerateConfig:
-    """Regeneration of prompt-only conversations through the target (stage generate)."""
-
-    # hf = transformers in this process; vllm | sglang = an OpenAI-compatible server, `server` below.
-    backend: str = "hf"
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.95
-    batch_size: int = 16
-    max_user_turns: int = 8  # user turns answered per conversation
-    # A response cut at max_new_tokens: keep it flagged (truncated=true) or drop the sample.
-    length_policy: str = "keep_flagged"  # keep_flagged | drop
-    # Copy batches that an earlier generate output of the same source ran under the same config
-    # (a smaller num_samples: its sample is a prefix) instead of generating them again.
-    reuse_earlier: bool = speed_field(True)
-    # Client of the vLLM/SGLang server (generate.backend=vllm|sglang), launched or at generate.server.urls.
-    http: GenerateHTTPConfig = field(default_factory=GenerateHTTPConfig)
-    # The server of generate.backend=vllm|sglang: launched for the stage, or running at its `urls`
-    # (conf/config.yaml composes server/cpu.yaml here: the engine generate.backend names, on this CPU;
-    # on GPUs e.g. server@generate.server=sglang_h200). Apart from `server`, the engine that serves the
-    # draft: data generated in one place is served in another.
-    server: ServerConfig = field(default_factory=ServerConfig)
 
 
 @dataclass
 class TokenizeConfig:
     """Rendering with the (training) chat template and exact loss masks (stage tokenize)."""
 
-    overlength: str = "truncate"  # truncate | drop   (limit: data.max_len)
+    overlength: str = setting("truncate", Overlength)  # limit: data.max_len
     # A regenerated answer trains on the ids the target emitted (emitted), or on its text
     # re-encoded (reencoded: the pre-format-4 behaviour, to measure what the emitted ids change).
-    answer_ids: str = "emitted"  # emitted | reencoded
-    num_workers: int = 0  # 0 = one per CPU core
-    chunk_size: int = 64  # conversations per worker task
-
-
-@dataclass
-class ExtractHTTPConfig:
-    """The client of vLLM/SGLang servers that extract hidden states (extract.backend=vllm|sglang).
-
-    Like generate's: requests concurrent, retried with exponential backoff on timeouts, lost
-    connections and 429/5xx, a run stopped (resumable) once the server looks down.
-    """
-
-    concurrency: int = 8  # prompts in flight (the engine batches them itself)
-    request_timeout_s: float = 600.0  # one prompt's prefill, per attempt
-    max_attempts: int = 6
-    backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
-    # Stop the run after this many prompts in a row failed for good: the server is down (rerun resumes).
-    max_consecutive_failures: int = 16
-    connect_wait_s: float = 60.0  # how long to wait at start for the server to answer
-    # vLLM: the server writes a prompt's states to a file right after answering: how long to wait for it.
-    file_wait_s: float = 120.0
-    # Where the server writes those files; null = `<store>/.incoming` (same filesystem as the store).
-    # With extract.server.urls it must be a directory the server and this job both see.
-    exchange_dir: Optional[str] = None
-
-
-@dataclass
-class ExtractConfig:
-    """Hidden states of the target: where they come from, and the store they go to."""
-
-    # hf = transformers in this process (hooks on the capture layers); vllm = a vLLM server's
-    # extract_hidden_states method; sglang = an SGLang server with eagle3's capture plugin
-    # (extract.server: launched for the job, or running at its urls).
-    backend: str = "hf"
-    storage_format: str = "bf16"  # eagle3.states.formats.FORMATS (compact: int8 captures, the teacher's top k)
-    batch_tokens: int = 8192
-    shard: int = 0
-    num_shards: int = 1
-    disk_margin_gb: float = 5.0
-    device_map: Optional[str] = None  # e.g. "auto" for multi-GPU
-    # Shared by every mix and data scale (content-keyed), so it lives outside the stage units.
-    store_root: str = "${paths.root}/hidden_states"
-    # Print the disk estimate of the plan (no data, no model) and stop.
-    dry_run: bool = False
-    # Mean sample length the dry run and stage=plan assume until tokenize has measured it: with bf16
-    # at Kimi's H=7168 (57,348 B/token) 1,600 tokens give 91.8 GB per 1K samples, the ~92 GB per 1K
-    # the original effort measured.
-    assumed_tokens_per_sample: int = 1600
-    # Free bytes to assume instead of measuring the store's filesystem (planning, tests).
-    assume_free_bytes: Optional[int] = None
-    http: ExtractHTTPConfig = field(default_factory=ExtractHTTPConfig)
-    # The server of extract.backend=vllm|sglang (conf/config.yaml composes server/cpu.yaml here, whose
-    # engine follows extract.backend; it can differ from generate.server and from `server`, the engine
-    # that serves). It runs the target in model.dtype.
-    server: ServerConfig = field(default_factory=ServerConfig)
+    answer_ids: str = setting("emitted", AnswerIds)
+    num_workers: int = setting(0, ge=0, valid=">= 0 (0 = all cores)")
+    chunk_size: int = setting(64, gt=0)  # conversations per worker task
 
 
 @dataclass
@@ -325,9 +215,9 @@ class OptimizerConfig:
     BENCHMARKS.md "Draft recipe ablations"); torch.optim.AdamW is the other."""
 
     _target_: str = "eagle3.draft.optim.MuonAdamW"
-    lr: float = 3e-4
+    lr: float = setting(3e-4, gt=0)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    weight_decay: float = 0.0
+    weight_decay: float = setting(0.0, ge=0)
 
 
 @dataclass
@@ -339,54 +229,55 @@ class TrainConfig:
     # this process, or a vllm/sglang server), nothing stored: no disk, but the target runs every epoch.
     # hybrid = online the first time a sample is fetched, written to the store extract would fill
     # (extract.storage_format), read from it afterwards (eagle3.states.hybrid).
-    hidden_states: str = "store"
+    hidden_states: str = setting("store", HiddenStates)
     # hybrid: the store's size cap in GB (decimal); samples past it are computed every epoch. null = no cap.
-    hybrid_store_gb: Optional[float] = speed_field(None)
-    ttt_steps: int = 7
-    ttt_decay: float = 0.8
+    hybrid_store_gb: Optional[float] = speed_field(None, gt=0)
+    ttt_steps: int = setting(7, gt=0)
+    ttt_decay: float = setting(0.8, gt=0, le=1, why="weights decay^k must shrink or stay")
     # What to do with positions whose target argmax is outside the draft vocab.
-    out_of_vocab: str = "mask"  # mask | keep
-    # Teacher distribution: draft_vocab (renormalised) | full_vocab (eagle3.draft.options.TEACHERS).
-    teacher: str = "draft_vocab"
-    loss: str = "kl"  # kl | tv | jsd | nla | lk (eagle3.draft.options.LOSSES)
-    # decay = ttt_decay^k per step | dpace = per prediction, from its chain's acceptance (options.STEP_WEIGHTS)
-    step_weights: str = "decay"
+    out_of_vocab: str = setting("mask", OutOfVocab)
+    # Teacher distribution: draft_vocab (renormalised) | full_vocab (eagle3.draft.options says what each is).
+    teacher: str = setting("draft_vocab", Teacher)
+    loss: str = setting("kl", Loss)
+    # decay = ttt_decay^k per step | dpace = per prediction, from its chain's acceptance (eagle3.draft.options)
+    step_weights: str = setting("decay", StepWeights)
     # dpace: each step's acceptance a enters as (1 - s) a + s, so a chain the draft still misses keeps
     # weight on its later steps (speculators' --dpace-alpha, default 0.5; 0 = the raw derivative)
-    dpace_smoothing: float = 0.5
+    dpace_smoothing: float = setting(0.5, ge=0, le=1, why="a step's acceptance a enters D-PACE as (1 - s) a + s")
     # Gaussian noise on the captured states while training, std = this x each captured layer's
     # per-token RMS (0 = none): the draft reads its own drifting features at serving time.
-    state_noise: float = 0.0
+    state_noise: float = setting(0.0, ge=0, lt=10, why="noise std as a multiple of the states' RMS")
     max_epochs: int = 1
     max_steps: int = -1
-    batch_tokens: int = 8192
+    batch_tokens: int = setting(8192, gt=0)
     # true = each step is one row of whole samples packed up to batch_tokens tokens (a longer sample is
     # a row of its own), no padding; TTT keeps attention and predictions within each sample
     # (eagle3.draft.packing). false = right-padded samples of similar length, batch_tokens padded tokens.
     packing: bool = False
-    warmup_ratio: float = 0.03
-    lr_schedule: str = "cosine"  # cosine | linear, after the warmup, down to min_lr_ratio x lr
-    min_lr_ratio: float = 0.1
-    grad_clip: float = 1.0
+    warmup_ratio: float = setting(0.03, ge=0, lt=1, why="a fraction of the steps")
+    # After the warmup, down to min_lr_ratio x lr.
+    lr_schedule: str = setting("cosine", LrSchedule)
+    min_lr_ratio: float = setting(0.1, ge=0, le=1, why="the final LR as a fraction of train.optimizer.lr")
+    grad_clip: float = setting(1.0, ge=0, valid=">= 0 (0 = off)")
     # auto = bf16-mixed on GPUs and on CPUs with bf16 units (eagle3.draft.fit.resolve_precision), else 32-true
-    precision: str = "auto"
+    precision: str = setting("auto", Precision)
     accelerator: str = "auto"
     devices: Any = "auto"
-    strategy: str = "auto"  # auto | ddp | ddp_spawn | fsdp
+    strategy: str = setting("auto", Strategy)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     # last.ckpt every N optimizer steps (and at each epoch end); a rerun resumes from it.
-    checkpoint_every_n_steps: int = 50
+    checkpoint_every_n_steps: int = setting(50, ge=0, valid=">= 0 (0 = at epoch ends only)")
     # Query rows per block of the TTT attention: peak score memory ~ block x seq_len per head.
-    attention_block: int = 256
+    attention_block: int = setting(256, gt=0)
     # Draft-vocab logits kept for backward across a batch's TTT steps (GiB); the steps past it
     # recompute theirs in backward (one more head product each) instead of holding them.
-    logits_memory_gb: float = speed_field(4.0)
-    log_every_n_steps: int = run_field(10)
+    logits_memory_gb: float = speed_field(4.0, ge=0, valid=">= 0 (0 = recompute every TTT step's logits)")
+    log_every_n_steps: int = run_field(10, gt=0)
     # With no terminal on stderr: a progress line (step, loss, tok/s, time left) this often; 0 = per epoch.
-    progress_every_s: float = run_field(30.0)
-    eval_every_n_epochs: int = 1
-    num_workers: int = run_field(0)
-    export_dtype: str = "bfloat16"
+    progress_every_s: float = run_field(30.0, ge=0, valid=">= 0 (0 = one line per epoch)")
+    eval_every_n_epochs: int = setting(1, gt=0)
+    num_workers: int = run_field(0, ge=0, valid=">= 0 (0 = load in the training process)")
+    export_dtype: str = setting("bfloat16", DTYPES)
 
 
 @dataclass
@@ -394,8 +285,9 @@ class EvalConfig:
     """Draft evaluation: simulated acceptance on the eval split, real speculative decoding."""
 
     ks: list[int] = field(default_factory=lambda: [3, 5])  # draft tokens per verify step
-    max_new_tokens: int = 128
-    num_prompts: int = 16  # held-out prompts (first assistant turn of eval samples); 0 = skip
+    max_new_tokens: int = setting(128, gt=0)
+    # Held-out prompts (first assistant turn of eval samples); 0 = skip.
+    num_prompts: int = setting(16, ge=0, valid=">= 0 (0 = skip real decoding)")
     check_lossless: bool = True
 
 
@@ -411,8 +303,10 @@ class ReportConfig:
     # The accept length to reach: the data-scale curve (fitted over the sweep's jobs) says how many
     # training samples reach it and what they cost; null = no target. At `target_k` draft tokens
     # (null = the largest K the jobs evaluated).
-    target_tau: Optional[float] = None
-    target_k: Optional[int] = None
+    target_tau: Optional[float] = setting(None, gt=1, why="an accept length is more than 1 (the target's own token "
+                                          "counts)", valid="a number > 1, e.g. 3.5, or null")
+    target_k: Optional[int] = setting(None, ge=1, why="K counts draft tokens",
+                                      valid="an evaluated K >= 1, or null (the largest)")
     # The recipe the seed-pooled rows are compared with, as the report labels it (the varying overrides
     # other than the seed, e.g. "variant=baseline"); null = the sweep's first recipe.
     baseline: Optional[str] = None
@@ -427,10 +321,10 @@ class Eagle3Config:
     seed: int = 0
     # Intra-op threads of this job's torch ops (and OMP_NUM_THREADS for what it starts); null =
     # the cores divided by the jobs the launcher runs at once (joblib's n_jobs; eagle3.threads).
-    cpu_threads: Optional[int] = None
+    cpu_threads: Optional[int] = setting(None, gt=0)
     # Longest wait for a unit or store lock another job holds (eagle3.artifacts.locks), then exit 3
     # naming the holder. Generous: a sweep job may rightly wait for another job's long extract.
-    lock_timeout_s: float = 6 * 3600.0
+    lock_timeout_s: float = setting(6 * 3600.0, gt=0)
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)

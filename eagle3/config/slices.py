@@ -13,8 +13,8 @@ must resume the old output, not start a new one). The schema says which is which
 - `use_field`: how the mixture uses a source's records (its weight, its thinking mode): keyed by
   the stage that acts on it (merge; generate and tokenize), not by the source's identity (prep).
 
-`fingerprinted` reads these marks; a stage composes its slice from typed sections with it and
-never removes keys by hand.
+The marks are set by the fields' constructors (`eagle3.config.fields`); `fingerprinted` reads them;
+a stage composes its slice from typed sections with it and never removes keys by hand.
 """
 
 from __future__ import annotations
@@ -22,31 +22,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["fingerprinted", "run_field", "speed_field", "use_field"]
+from eagle3.config.fields import RUN, SLICE_MARK, SPEED, USE
 
-_KIND = "fingerprint"
-_SPEED, _RUN, _USE = "speed", "run", "use"
-
-
-def _marked(kind: str, default: Any, default_factory: Any) -> Any:
-    if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata={_KIND: kind})
-    return dataclasses.field(default=default, metadata={_KIND: kind})
-
-
-def speed_field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A field that changes how fast a node works, not what it produces."""
-    return _marked(_SPEED, default, default_factory)
-
-
-def run_field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A field that says where a job runs or how it is watched: no output is keyed by it."""
-    return _marked(_RUN, default, default_factory)
-
-
-def use_field(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
-    """A source's field that another stage acts on (and keys its own output by)."""
-    return _marked(_USE, default, default_factory)
+__all__ = ["fingerprinted"]
 
 
 def fingerprinted(node: Any, *, speed: bool = False) -> Any:
@@ -59,8 +37,8 @@ def fingerprinted(node: Any, *, speed: bool = False) -> Any:
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         kept = {}
         for f in dataclasses.fields(node):
-            kind = f.metadata.get(_KIND)
-            if kind in (_RUN, _USE) or (kind == _SPEED and not speed):
+            mark = f.metadata.get(SLICE_MARK)
+            if mark in (RUN, USE) or (mark == SPEED and not speed):
                 continue
             kept[f.name] = fingerprinted(getattr(node, f.name), speed=speed)
         return kept

@@ -2,12 +2,13 @@
 
 Each check appends one line `key: bad value -- why; valid: ...` (`eagle3.config.checks`) so a user
 sees every mistake in one run. Kept here: the stage name, values `model=auto` cannot derive from
-the checkpoint, keys without a value, keys the schema does not declare, secrets, and the top-level
-keys. Every domain rule lives in the package that owns the choices it checks (a `rules` module:
-`eagle3.draft.rules`, `eagle3.data.rules`, `eagle3.serving.rules`, `eagle3.extract.rules`,
-`eagle3.generation.rules`; a stage's own rules are registered with it), and `eagle3.stages`, which
-sits above those packages, hands them to `validate_config` in the order their lines are reported:
-this package imports no domain package (docs/design.md, 'Import layers').
+the checkpoint, keys without a value, keys the schema does not declare, secrets, and every field's
+own choices and range (declared on the field: `eagle3.config.fields`). A rule across fields, or one
+that reads the world (files, a checkpoint's config.json), lives in the package that acts on it (a
+`rules` module: `eagle3.draft.rules`, `eagle3.data.rules`, `eagle3.serving.rules`,
+`eagle3.extract.rules`, `eagle3.generation.rules`; a stage's own rules are registered with it), and
+`eagle3.stages`, which sits above those packages, hands them to `validate_config` in the order their
+lines are reported: this package imports no domain package (docs/design.md, 'Import layers').
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, Optional, cast
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, MissingMandatoryValue
 
 from eagle3.config.checks import ConfigErrors
 from eagle3.config.convert import config_dict, to_settings
+from eagle3.config.fields import check_fields
 from eagle3.config.registration import DerivedValueError, resolution_cause
 from eagle3.config.schema import Eagle3Config
 from eagle3.config.secrets import SECRET_KEY_RE, find_secrets  # noqa: F401  (SECRET_KEY_RE: re-exported)
@@ -75,6 +77,24 @@ def _missing_keys(cfg: DictConfig) -> list[str]:
 
     gather(cfg)
     return sorted(out)
+
+
+def _interpolated_keys(cfg: DictConfig) -> set[str]:
+    """The full keys whose value is an interpolation (of another key, or a resolver's)."""
+    out: set[str] = set()
+
+    def gather(node: DictConfig | ListConfig) -> None:
+        for key in cast(Iterable[Any], range(len(node)) if isinstance(node, ListConfig) else node.keys()):
+            child = node._get_node(key)
+            if not isinstance(child, Node):
+                continue
+            if child._is_interpolation():
+                out.add(node._get_full_key(key))
+            elif isinstance(child, (DictConfig, ListConfig)) and not child._is_none() and not child._is_missing():
+                gather(child)
+
+    gather(cfg)
+    return out
 
 
 def _check_known_keys(node: DictConfig, key: str, err: ConfigErrors) -> None:
@@ -152,7 +172,7 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
     the config is None when it does not convert).
 
     The generic checks run here (the stage name, values `model=auto` cannot derive, missing and
-    unknown keys, secrets, the top-level keys); the domain rules come from the caller, which sits
+    unknown keys, secrets, each field's constraint); the domain rules come from the caller, which sits
     above the packages that own them (`eagle3.stages.config_rules`), and run after them in order.
 
     Args:
@@ -183,8 +203,6 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
         return None, err.lines  # the rules below read those keys
     _check_secrets(plain, "", err)
     _check_known_keys(cfg, "", err)
-    err.positive("cpu_threads", cfg.cpu_threads, allow_none=True)
-    err.positive("lock_timeout_s", cfg.lock_timeout_s)
     try:
         settings = to_settings(cfg)
     except Exception as exc:  # noqa: BLE001 - reported as the config's one line; the rules need the typed config
@@ -192,6 +210,7 @@ def validate_config(cfg: DictConfig, stages: Iterable[str], rules: Iterable[Rule
         return None, err.lines
     if complete is not None:
         settings = complete(settings, err)
+    check_fields(settings, err, derived=_interpolated_keys(cfg))
     for rule in rules:
         rule(settings, err)
     return settings, err.lines

@@ -26,8 +26,6 @@ from eagle3.chat_formats.kimi import kimi_call_id
 ROLES = ("system", "user", "assistant", "tool")
 TRACK_PROMPT_ONLY = "prompt_only"
 TRACK_TARGET_NATIVE = "target_native"
-#: `dataset.sources.<name>.track` (docs/design.md, 'Two tracks').
-TRACKS = (TRACK_TARGET_NATIVE, TRACK_PROMPT_ONLY)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: Key of a regenerated record's `meta.generation.turns[k]` holding the ids the target emitted for
 #: its k-th assistant message, when the backend knew them (stage generate writes it, stage

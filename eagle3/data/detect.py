@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Optional, cast
 
 from eagle3.config.checks import ConfigErrors
+from eagle3.config.choices import TRACKS
 from eagle3.config.schema import DatasetConfig, DatasetSourceConfig, Eagle3Config
 from eagle3.data.adapters import ADAPTERS, Adapter
-from eagle3.data.conversation import TRACKS
 from eagle3.data.loading import SUPPORTED_SUFFIXES, UnreadableDataFile, file_kind, head_records
 from eagle3.errors import Eagle3Error
 

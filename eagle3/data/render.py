@@ -45,12 +45,10 @@ __all__ = ["EmittedDrift", "Reject", "RenderSettings", "generated_spans", "rende
            "tokenize_conversation", "tokenize_spans"]
 
 OVERLENGTH_TRUNCATE, OVERLENGTH_DROP = "truncate", "drop"
-#: `tokenize.overlength`: what happens to a sample longer than data.max_len.
-OVERLENGTH_POLICIES = (OVERLENGTH_TRUNCATE, OVERLENGTH_DROP)
+# `tokenize.overlength`: what happens to a sample longer than data.max_len.
 ANSWER_IDS_EMITTED, ANSWER_IDS_REENCODED = "emitted", "reencoded"
-#: `tokenize.answer_ids`: a regenerated answer trains on the ids the target emitted (`emitted`), or on
-#: its text re-encoded by the tokenizer (`reencoded`: what tokenize format 3 did, kept to measure the gap).
-ANSWER_IDS = (ANSWER_IDS_EMITTED, ANSWER_IDS_REENCODED)
+# `tokenize.answer_ids`: a regenerated answer trains on the ids the target emitted (`emitted`), or on
+# its text re-encoded by the tokenizer (`reencoded`: what tokenize format 3 did, kept to measure the gap).
 
 
 class Reject(Exception):
@@ -72,7 +70,7 @@ class RenderSettings:
             ``enable_thinking``), as the target was prompted when it wrote the responses.
         max_len: Longest sample kept, in tokens.
         overlength: ``truncate`` (cut to max_len and flag) or ``drop`` (reject ``too_long``).
-        answer_ids: One of ANSWER_IDS: whether a regenerated answer's tokens are the ids the
+        answer_ids: One of eagle3.config.choices.ANSWER_IDS: whether a regenerated answer's tokens are the ids the
             target emitted (``meta.generation.turns[k].token_ids``) or its text re-encoded.
     """
 

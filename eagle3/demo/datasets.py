@@ -33,7 +33,6 @@ _SHAREGPT_ROLE = {"system": "system", "user": "human", "assistant": "gpt"}
 
 #: `dataset.sources.<name>.generator`: the built-in demo sets, in their real schemas.
 DEMO_NATIVE, DEMO_PROMPTS = "demo_native", "demo_prompts"
-GENERATORS = (DEMO_NATIVE, DEMO_PROMPTS)
 
 
 def _unique_plans(stream: str, seed: int) -> Iterator[convs.Plan]:
@@ -86,7 +85,7 @@ def load_target(path: str, trust_remote_code: bool = False):
 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     tokenizer.padding_side = "left"
-    import torch  # here: importing this module (validation reads GENERATORS) must not load torch
+    import torch  # here: importing this module must stay torch-free
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, tokenizer

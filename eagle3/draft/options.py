@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+# The lists of valid values live in the schema's `eagle3.config.choices` (its fields check them); the
+# names this package acts on are spelled here, with what each does.
+from eagle3.config.choices import (  # noqa: F401  (re-exported with the names they list)
+    ATTENTIONS,
+    HIDDEN_STATE_MODES,
+    LOSSES,
+    LR_SCHEDULES,
+    OUT_OF_VOCAB_POLICIES,
+    PRECISIONS,
+    STEP_WEIGHTS,
+    STRATEGIES,
+    TEACHERS,
+)
+
 # Re-exported: the draft's layer variants are engine facts, kept below config (see below).
 from eagle3.engines import LAYER_VARIANTS, SERVING_LAYER, VARIANT_ENGINES, serving_layer_default  # noqa: F401
 
@@ -9,13 +23,11 @@ from eagle3.engines import LAYER_VARIANTS, SERVING_LAYER, VARIANT_ENGINES, servi
 #: of the loss (mask) or trained toward the renormalised in-vocab distribution (keep); they
 #: always count as misses in the metrics.
 OOV_MASK, OOV_KEEP = "mask", "keep"
-OUT_OF_VOCAB_POLICIES = (OOV_MASK, OOV_KEEP)
 #: `train.teacher`: the target's distribution renormalised over the draft vocab (KL between two
 #: draft-vocab distributions), or its full-vocab probabilities restricted to the draft vocab
 #: without renormalising (the KL over the full vocab with the draft's out-of-vocab mass at 0:
 #: positions whose mass lies mostly outside the draft vocab weigh less).
 TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB = "draft_vocab", "full_vocab"
-TEACHERS = (TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB)
 #: `train.loss`, the distance each TTT step's draft distribution q is trained to close to the
 #: teacher's p, with alpha = sum min(p, q) (the acceptance rate of a sampled draft token):
 #: kl = KL(p || q) (EAGLE-3's; the fused default); tv = total variation 1/2 sum |p - q| (= 1 - alpha);
@@ -24,7 +36,6 @@ TEACHERS = (TEACHER_DRAFT_VOCAB, TEACHER_FULL_VOCAB)
 #: (arXiv 2602.23881), lambda KL + (1 - lambda) TV with lambda = exp(-LK_ETA x mean alpha of the
 #: step's rows), detached: KL while the draft is poor, acceptance itself once it is good.
 LOSS_KL, LOSS_TV, LOSS_JSD, LOSS_NLA, LOSS_LK = "kl", "tv", "jsd", "nla", "lk"
-LOSSES = (LOSS_KL, LOSS_TV, LOSS_JSD, LOSS_NLA, LOSS_LK)
 #: The LK blend's decay rate (the paper's eta; 0 would be pure KL).
 LK_ETA = 3.0
 #: `train.step_weights`, how the TTT steps' losses are weighted: decay = `train.ttt_decay`^k, fixed;
@@ -32,20 +43,15 @@ LK_ETA = 3.0
 #: sum_{m >= k} prod_{j <= m} a_j over its own draft chain (a_j = that step's alpha, detached), so the
 #: positions that currently limit acceptance get the signal; `train.ttt_decay` is then unused.
 STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE = "decay", "dpace"
-STEP_WEIGHTS = (STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE)
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
-LR_SCHEDULES = ("cosine", "linear")
 #: `train.hidden_states`: read from the store stage extract filled, computed per batch while training,
 #: or hybrid: computed the first time a sample is fetched, stored, and read afterwards.
 STORE, ONLINE, HYBRID = "store", "online", "hybrid"
-HIDDEN_STATE_MODES = (STORE, ONLINE, HYBRID)
 #: The modes whose training computes states from the target (the merged split is their input).
 COMPUTING_MODES = (ONLINE, HYBRID)
-#: `train.strategy` (Lightning strategies this trainer is tested with).
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
+# `train.strategy`: the Lightning strategies this trainer is tested with.
 #: `train.precision`: auto = bf16-mixed on a GPU, 32-true on CPU; else a Lightning precision.
 AUTO_PRECISION = "auto"
-PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 #: `model.draft.attention`: the draft layer's attention. llama = grouped-query attention with q/k/v
 #: projections (EAGLE-3's layer: vLLM's llama_eagle3, SGLang's LlamaForCausalLMEagle3); mla = DeepSeek's
@@ -53,7 +59,6 @@ PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed", "16-mixed", "bf16-true")
 #: Eagle3DeepseekV2ForCausalLM, the public Kimi-K2.5 MLA drafts). MLA needs a target with MLA
 #: geometry (`eagle3.draft.geometry.MLA_FIELDS`) or those fields set under `model.draft`.
 ATTENTION_LLAMA, ATTENTION_MLA = "llama", "mla"
-ATTENTIONS = (ATTENTION_LLAMA, ATTENTION_MLA)
 #: The MLA draft's export: vLLM's `deepseek_eagle3.py` and SGLang's `kimi_k25_eagle3.py` both register
 #: this name. Its model_type must be deepseek_v2: vLLM rewrites a deepseek_v3 draft config to its MTP
 #: model and refuses it ('Eagle3DeepSeekMTPModel ... not supported').

@@ -13,7 +13,7 @@ Modules, in the order data flows through them:
 Importing this package is cheap; most submodules import torch (and transformers, lazily).
 """
 
-from eagle3.engines import IN_PROCESS, SGLANG, VLLM
+from eagle3.config.choices import EXTRACT_BACKENDS
 
 #: `extract.backend`: where hidden states come from (`eagle3.extract.sources`).
-BACKENDS = (IN_PROCESS, VLLM, SGLANG)
+BACKENDS = EXTRACT_BACKENDS

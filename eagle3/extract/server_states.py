@@ -39,7 +39,7 @@ from eagle3.serving.http import (
 )
 
 if TYPE_CHECKING:
-    from eagle3.config.schema import ExtractHTTPConfig
+    from eagle3.config.client_schema import ExtractHTTPConfig
 
 __all__ = ["RetryRequest", "ServerDown", "ServerStates", "States", "post_json"]
 

@@ -24,7 +24,7 @@ import torch
 from eagle3.extract.server_states import ServerDown, ServerStates, States, post_json
 
 if TYPE_CHECKING:
-    from eagle3.config.schema import ExtractHTTPConfig
+    from eagle3.config.client_schema import ExtractHTTPConfig
     from eagle3.serving.http import Client
 
 __all__ = ["SGLangStates"]

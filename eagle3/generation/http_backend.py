@@ -28,12 +28,11 @@ can call `generate` at once and the requests of all their batches share the endp
   server answered (it is not down), so this is not retried, and the stage rejects the
   conversation rather than train on replacement characters or a turn of unknown ending.
 
-Determinism: the body of a request is a pure function of the request and `SamplingParams`
-(the seed is derived per request from the batch seed and the request id), whichever endpoint,
-attempt or thread sends it. Whether the server then samples deterministically is the server's
-business (vLLM and SGLang honour `seed`); resume never depends on it (the stage skips ids it
-has written). Since a request's body does not depend on the other requests of its batch, the
-backend says `independent_requests`: a rerun sends only the conversations still missing.
+Determinism: a request's body is a pure function of the request and `SamplingParams` (the seed
+derived per request from the batch seed and the request id), whichever endpoint, attempt or thread
+sends it, and never of the other requests of its batch (the backend says `independent_requests`: a
+rerun sends only the conversations still missing). Whether the server samples deterministically is
+its business (vLLM and SGLang honour `seed`); resume never depends on it (it skips ids written).
 """
 
 from __future__ import annotations
@@ -48,7 +47,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from eagle3.config.schema import Eagle3Config, GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.config.client_schema import GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.config.schema import Eagle3Config
 from eagle3.generation.http_settings import ROUND_ROBIN, partition_name, sorted_partitions
 from eagle3.generation.openai_chat import (
     BadResponse,

@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from eagle3.config.schema import GeneratePartitionConfig
+    from eagle3.config.client_schema import GeneratePartitionConfig
 
-__all__ = ["ENDPOINT_STRATEGIES", "LEAST_BUSY", "ROUND_ROBIN", "partition_name", "sorted_partitions"]
+__all__ = ["LEAST_BUSY", "ROUND_ROBIN", "partition_name", "sorted_partitions"]
 
 #: `generate.http.endpoint_strategy`: fewest requests in flight (ties in turn), or strictly in turn.
 LEAST_BUSY, ROUND_ROBIN = "least_busy", "round_robin"
-ENDPOINT_STRATEGIES = (LEAST_BUSY, ROUND_ROBIN)
 
 
 def partition_name(max_context: Optional[int]) -> str:

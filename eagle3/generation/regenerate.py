@@ -46,7 +46,6 @@ ENDED_CONTEXT = "context_length"  # the next prompt no longer fits the model's c
 CONTEXT_ROLES = ("system", "user")
 #: `generate.length_policy`: a turn cut at max_new_tokens is kept (flagged truncated) or its sample dropped.
 LENGTH_KEEP_FLAGGED, LENGTH_DROP = "keep_flagged", "drop"
-LENGTH_POLICIES = (LENGTH_KEEP_FLAGGED, LENGTH_DROP)
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class GenerateSettings:
     temperature: float
     top_p: float
     max_user_turns: int
-    length_policy: str  # one of LENGTH_POLICIES
+    length_policy: str  # one of eagle3.config.choices.LENGTH_POLICIES
     thinking: bool
     seed: int
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from eagle3.config.checks import ConfigErrors, field_values, value_at
+from eagle3.config.fields import check_fields
 from eagle3.config.schema import Eagle3Config, ModelConfig
 from eagle3.config.server_schema import ServerConfig
 from eagle3.draft.geometry import config_refusals
@@ -28,15 +29,12 @@ from eagle3.engines import (
     ENGINES,
     LAUNCHER_FLAG_PREFIX,
     LAUNCHER_FLAGS,
-    PROFILES,
-    SERVER_BACKENDS,
     SGLANG,
     SGLANG_NO_CPU_EAGLE,
     SM120_KERNELS_VALID,
     SM120_MAX_MEM_FRACTION,
     SM120_PROFILE,
     SM120_UNSUPPORTED,
-    SPEC_ALGORITHMS,
     VLLM,
 )
 from eagle3.layer_ids import sglang_capture_problem
@@ -157,13 +155,15 @@ _FROM_CONFIG = object()
 
 
 def server_errors(server: ServerConfig, model: ModelConfig, draft_path: Any = _FROM_CONFIG) -> list[str]:
-    """The server rules alone, one line each; the launcher runs them again before a launch.
+    """The server rules alone (its fields' constraints too), one line each; the launcher runs them again
+    before a launch.
 
     Args:
         draft_path: The draft directory about to be served; by default
             `server.speculative.draft_path` (None = this pipeline's export, EAGLE-3).
     """
     err = ConfigErrors()
+    check_fields(server, err, "server")
     check_server(server, model, err, draft_path)
     return err.lines
 
@@ -176,22 +176,14 @@ def check_server(server: ServerConfig, model: ModelConfig, err: ConfigErrors,
         key: Where the node sits in the config (`server`, `generate.server` or `extract.server`), named in
             errors.
     """
-    err.choice(f"{key}.backend", server.backend, SERVER_BACKENDS)
-    err.choice(f"{key}.profile", server.profile, PROFILES)
     if not is_loopback_host(str(server.host)):
         err.add(f"{key}.host", server.host, "servers this project launches bind loopback only",
                 "127.0.0.1, ::1 or localhost")
-    if not 0 < server.port < 65536:
-        err.add(f"{key}.port", server.port, "not a TCP port", "1-65535")
-    err.positive(f"{key}.tp", server.tp)
-    err.positive(f"{key}.dp", server.dp)
-    err.positive(f"{key}.context_length", server.context_length, allow_none=True)
     for url in server.urls:
         if not str(url).startswith(("http://", "https://")):
             err.add(f"{key}.urls", url, "not an HTTP endpoint", "http://HOST:PORT")
 
     spec = server.speculative
-    err.choice(f"{key}.speculative.algorithm", spec.algorithm, SPEC_ALGORITHMS, allow_none=True)
     mismatch = speculative_algorithm_error(spec.algorithm,
                                            spec.draft_path if draft_path is _FROM_CONFIG else draft_path, key)
     if mismatch:
@@ -224,7 +216,6 @@ def check_server(server: ServerConfig, model: ModelConfig, err: ConfigErrors,
     for typed, where, shown, value in ruled:
         if typed == MEM_FRACTION and value is not None and not 0 < value <= 1:
             err.add(where, shown, "a fraction of the accelerator memory", "(0, 1] or null")
-    err.positive(f"{key}.startup_timeout_s", server.startup_timeout_s)
     if server.profile == CPU_PROFILE:  # the engine's CPU path (hf: nothing is launched, the profile is unused)
         err.positive(f"{key}.vllm_cpu_kvcache_gb", server.vllm_cpu_kvcache_gb)
     if server.backend == VLLM:
@@ -349,13 +340,6 @@ def check_bench(cfg: Eagle3Config, err: ConfigErrors) -> None:
     check_chain_draft_engine(cfg, err)
     err.positive("bench.num_prompts", bench.num_prompts)
     err.positive("bench.max_new_tokens", bench.max_new_tokens)
-    err.positive("bench.concurrency", bench.concurrency)
-    err.positive("bench.repeats", bench.repeats)
-    err.positive("bench.request_timeout_s", bench.request_timeout_s)
-    err.not_negative("bench.warmup_requests", bench.warmup_requests)
-    if bench.min_accept_length < 1:
-        err.add("bench.min_accept_length", bench.min_accept_length,
-                "an accept length is at least 1 (the target's own token)", ">= 1")
     for url in bench.baseline_urls:
         if not str(url).startswith(("http://", "https://")):
             err.add("bench.baseline_urls", url, "not an HTTP endpoint", "http://HOST:PORT")

@@ -80,13 +80,13 @@ REGISTRY: dict[str, RegisteredStage] = {stage.name: stage for stage in (*CHAIN, 
 ALL = "all"
 
 # Config rules (`module:function(config, errors)`) run for every config, after the generic checks of
-# `eagle3.config.validate`, in the order their lines are reported: first what every job composes
-# (the target and draft, the dataset, the servers), then the rules of the stages asked for, then
-# every stage's own settings (each is cheap, and `stage=all` reads them all).
+# `eagle3.config.validate` and every field's own constraint (`eagle3.config.fields`), in the order
+# their lines are reported: first what every job composes (the target and draft, the dataset, the
+# servers), then the rules of the stages asked for, then every stage's own settings (each is cheap,
+# and `stage=all` reads them all).
 CONFIG_RULES: tuple[str, ...] = (
     "eagle3.draft.rules:check_model",
     "eagle3.data.rules:check_dataset",
-    "eagle3.demo.rules:check_generators",
     "eagle3.serving.rules:check_servers",
 )
 SETTINGS_RULES: tuple[str, ...] = (
@@ -95,8 +95,6 @@ SETTINGS_RULES: tuple[str, ...] = (
     "eagle3.draft.rules:check_eval",
     "eagle3.data.rules:check_prep",
     "eagle3.generation.rules:check_generate",
-    "eagle3.data.rules:check_tokenize",
-    "eagle3.data.rules:check_data",
 )
 
 

@@ -25,8 +25,10 @@ extract preflight read them); the encoding itself is `eagle3.states.codec`.
 
 from __future__ import annotations
 
-#: `extract.storage_format`.
-FORMATS = ("bf16", "compact", "fp8", "fp32")
+from eagle3.config.choices import STORAGE_FORMATS
+
+#: `extract.storage_format` (its valid values: the schema's `eagle3.config.choices`).
+FORMATS = STORAGE_FORMATS
 IDS_BYTES = 4  # int32 ids: vocabularies stay far below 2^31 (Kimi: 163840)
 SCALE_BYTES = 4  # one float32 scale per token and H-wide block (fp8)
 # Per-sample overhead of a shard header entry (~5 tensor names and offsets) and an index line.

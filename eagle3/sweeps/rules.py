@@ -1,6 +1,6 @@
 """The config rules of `stage=report`: the sweep exists (or, with null, some sweep does),
 `report.x` is an override that varies in it, `report.baseline` one of its recipes, and a target τ
-is one an accept length can be."""
+is one an accept length at `report.target_k` can be."""
 
 from __future__ import annotations
 
@@ -19,12 +19,6 @@ from eagle3.sweeps.variants import BaselineNotFound
 def check_report(cfg: Eagle3Config, err: ConfigErrors) -> None:
     """Every `report.*` rule into `err` (registered for `stage=report` in `eagle3.stages`)."""
     report = cfg.report
-    if report.target_tau is not None and not report.target_tau > 1:
-        err.add("report.target_tau", report.target_tau, "an accept length is more than 1 (the target's own token "
-                "counts)", "a number > 1, e.g. 3.5, or null")
-    if report.target_k is not None and report.target_k < 1:
-        err.add("report.target_k", report.target_k, "K counts draft tokens",
-                "an evaluated K >= 1, or null (the largest)")
     if report.target_tau is not None and report.target_k is not None and report.target_tau >= report.target_k + 1:
         err.add("report.target_tau", report.target_tau, f"at K={report.target_k} draft tokens τ stays below "
                 f"K + 1 = {report.target_k + 1}",

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from eagle3.config.slices import fingerprinted, run_field, speed_field, use_field
+from eagle3.config.fields import run_field, speed_field, use_field
+from eagle3.config.slices import fingerprinted
 from eagle3.stages.bench import BENCH
 from eagle3.stages.generate import GENERATE
 from eagle3.stages.prep import PREP

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from eagle3.cli import check_config
 from eagle3.config.convert import to_settings
-from eagle3.config.schema import ExtractHTTPConfig
+from eagle3.config.client_schema import ExtractHTTPConfig
 from eagle3.extract import vllm_connector
 from eagle3.extract.sources import PLUGIN_MODULE, exchange_dir, extraction_command, vllm_layer_ids
 from eagle3.extract.vllm_client import VLLMStates

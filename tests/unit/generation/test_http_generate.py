@@ -29,7 +29,7 @@ import pytest
 
 from eagle3.artifacts import Manifest, read_jsonl
 from eagle3.cli import check_config
-from eagle3.config.schema import GenerateHTTPConfig, GeneratePartitionConfig
+from eagle3.config.client_schema import GenerateHTTPConfig, GeneratePartitionConfig
 from eagle3.generation.factory import make_backend
 from eagle3.generation.http_backend import HTTPBackend
 from eagle3.generation.openai_chat import (
