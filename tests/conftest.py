@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import io
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -182,18 +185,121 @@ def _own_process_marked() -> bool:
 
 def run_cli(args: list[str], cwd: Path, timeout: float = HANG_GUARD_S, in_process: bool | None = None,
             unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose): in this process
-    (`run_cli_in_process`: ~0.5 s instead of ~5 s of interpreter and imports per job) unless the test
-    is marked `own_process` (`_own_process_marked`) or passes `in_process=False`; `unset`: environment
-    variables the job does not see (a subprocess then)."""
+    """Run scripts/run.py from `cwd` (tests use a foreign cwd on purpose).
+
+    In this process (`run_cli_in_process`: ~0.5 s instead of ~5 s of interpreter and imports per job)
+    unless the test is marked `own_process` (`_own_process_marked`): then a process of its own,
+    forked from this worker's zygote (`tests/job_zygote.py`: the imports done once). `in_process=False`
+    or `unset` (environment variables the job does not see): a new interpreter, as a user starts it.
+    """
     if in_process or (in_process is None and not _own_process_marked() and not unset):
         return run_cli_in_process(args, cwd)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(HYDRA_FULL_ERROR="0", PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [sys.executable, str(RUN_PY), *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-    )
+    argv = [sys.executable, str(RUN_PY), *args]
+    if in_process is None and not unset:
+        done = _ZYGOTE.run(argv, cwd, env, timeout)
+        if done is not None:
+            return done
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+class _Zygote:
+    """This worker's `tests/job_zygote.py`, started at the first job that needs it; None from `run`
+    when it cannot take a job (another thread's job is in flight, or it is gone): a subprocess then."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._dir: Path | None = None
+        self._jobs = 0
+        self._pending = b""
+
+    def _start(self) -> subprocess.Popen | None:
+        if self._process is None:
+            import tempfile
+
+            self._dir = Path(tempfile.mkdtemp(prefix="eagle3-zygote-"))
+            log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - the zygote's own output, for a post-mortem
+            self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("job_zygote.py"))],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                             cwd=PROJECT_ROOT)
+            atexit.register(self.stop)
+        return self._process if self._process.poll() is None else None
+
+    def _reply(self, process: subprocess.Popen, deadline: float) -> dict | None:
+        """The zygote's next line, or None at the deadline (read unbuffered: both replies can come at once)."""
+        import select
+
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+            chunk = os.read(fd, 4096) if ready else b""
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, argv: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            process = self._start()
+            if process is None or process.stdin is None or self._dir is None:
+                return None
+            self._jobs += 1
+            out, err = self._dir / f"{self._jobs}.out", self._dir / f"{self._jobs}.err"
+            return self._run_one(process, argv, cwd, env, timeout, out, err)
+        except BaseException:
+            self._abandon()  # a job half answered (a test interrupted): the next job gets a new zygote
+            raise
+        finally:
+            self._lock.release()
+
+    def _run_one(self, process: subprocess.Popen, argv: list[str], cwd: Path, env: dict, timeout: float,
+                 out: Path, err: Path) -> subprocess.CompletedProcess:
+        assert process.stdin is not None and self._dir is not None
+        process.stdin.write((json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "out": str(out),
+                                         "err": str(err)}) + "\n").encode())
+        process.stdin.flush()
+        deadline = time.monotonic() + HANG_GUARD_S
+        started = self._reply(process, deadline)
+        assert started is not None, f"the job zygote did not start the job (log: {self._dir / 'zygote.log'})"
+        ended = self._reply(process, time.monotonic() + timeout)
+        if ended is None:  # hung: kill it as subprocess.run's timeout would
+            os.kill(started["pid"], signal.SIGKILL)
+            self._reply(process, deadline)
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
+                                            err.read_text(errors="replace"))
+        done = subprocess.CompletedProcess(argv, ended["code"], out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+        out.unlink()
+        err.unlink()
+        return done
+
+    def _abandon(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process, self._pending = None, b""
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+        if self._dir is not None:
+            import shutil
+
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+_ZYGOTE = _Zygote()
 
 
 def _load_entrypoint():
