@@ -232,13 +232,21 @@ def test_demo_kimi_answers_held_out_first_turns_thinking_then_answering():
 
     tokenizer = AutoTokenizer.from_pretrained(KIMI_TARGET, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(KIMI_TARGET, dtype=torch.float32).eval()
-    closed = 0
+    prompts = []
     for plan in list(convs.training_plans(20, seed=2, split="held_out")):
         conv = convs.kimi_conversation(plan)
         first_user = next(i for i, m in enumerate(conv["messages"]) if m["role"] == "user")
-        ids = tokenizer.apply_chat_template(conv["messages"][: first_user + 1], tools=conv.get("tools"),
-                                            add_generation_prompt=True, return_dict=False, return_tensors="pt")
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=96, do_sample=False)
-        text = tokenizer.decode(out[0, ids.shape[1]:])
+        prompts.append(tokenizer.apply_chat_template(conv["messages"][: first_user + 1], tools=conv.get("tools"),
+                                                     add_generation_prompt=True, return_dict=False))
+    # One left-padded batch (greedy, each row masked to its own prompt), not twenty generate calls.
+    width, im_end = max(len(p) for p in prompts), tokenizer.convert_tokens_to_ids(kf.IM_END)
+    ids = torch.tensor([[im_end] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=96, do_sample=False, pad_token_id=im_end,
+                         eos_token_id=im_end)
+    closed = 0
+    for row in out[:, width:].tolist():
+        answer = row[: row.index(im_end) + 1] if im_end in row else row
+        text = tokenizer.decode(answer)
         closed += kf.THINK_CLOSE in text and text.endswith(kf.IM_END)
     assert closed >= 8, closed
