@@ -1,8 +1,9 @@
 """The collector every config rule writes into: one line `key: value -- why; valid: ...` each.
 
 A leaf (no eagle3 imports), so the rules can live beside what they check (a `rules` module in the
-package that owns each choice; `eagle3.config.validate` keeps the generic ones) and all report in
-the same shape, at once; `report_config_errors` prints them.
+package that acts on them; each field's own choices and range in `eagle3.config.fields`;
+`eagle3.config.validate` keeps the generic ones) and all report in the same shape, at once;
+`report_config_errors` prints them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Iterable
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -54,23 +54,11 @@ class ConfigErrors:
             line += f"; valid: {valid}"
         self.lines.append(line)
 
-    def choice(self, key: str, value: Any, choices: Iterable[Any], allow_none: bool = False) -> None:
-        choices = tuple(choices)
-        if value is None and allow_none:
-            return
-        if value not in choices:
-            valid = ", ".join(str(c) for c in choices) + (", null" if allow_none else "")
-            self.add(key, value, "not a known choice", valid)
-
     def positive(self, key: str, value: Any, allow_none: bool = False) -> None:
         if value is None and allow_none:
             return
         if value is None or value <= 0:
             self.add(key, value, "must be a positive number", "> 0")
-
-    def not_negative(self, key: str, value: Any, valid: str = ">= 0") -> None:
-        if value is not None and value < 0:
-            self.add(key, value, "cannot be negative", valid)
 
 
 def report_config_errors(errors: list[str]) -> None:

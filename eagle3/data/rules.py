@@ -1,7 +1,8 @@
 """The config rules of the data: `dataset.*` (its sources and their files), `prep.*`, `tokenize.*`, `data.*`.
 
-Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config.validate.validate_config`;
-each choice is checked against the list of the module that acts on it.
+Run for every config, in the order `eagle3.stages` lists them, by `eagle3.config.validate.validate_config`,
+after each field's own choices and range (`eagle3.config.fields`): these are the rules across fields
+and the ones that read the data files.
 """
 
 from __future__ import annotations
