@@ -214,6 +214,7 @@ class _Zygote:
         self._dir: Path | None = None
         self._jobs = 0
         self._pending = b""
+        self.environment: dict[str, str] | None = None  # None: this process's environment at the start
 
     def _start(self) -> subprocess.Popen | None:
         if self._process is None:
@@ -223,7 +224,7 @@ class _Zygote:
             log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - the zygote's own output, for a post-mortem
             self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("job_zygote.py"))],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                             cwd=PROJECT_ROOT)
+                                             cwd=PROJECT_ROOT, env=self.environment)
             atexit.register(self.stop)
         return self._process if self._process.poll() is None else None
 
@@ -390,6 +391,7 @@ def pytest_configure(config) -> None:
     cores = _worker_cores()
     if cores is not None:
         _set_cores(cores)
+    _ZYGOTE.environment = dict(os.environ)  # what its imports see: the session's, not a test's patched one
     time_budgets.register(config)
 
 
