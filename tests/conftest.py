@@ -218,14 +218,15 @@ class _Zygote:
 
     def _start(self) -> subprocess.Popen | None:
         if self._process is None:
-            import tempfile
+            if self._dir is None:
+                import tempfile
 
-            self._dir = Path(tempfile.mkdtemp(prefix="eagle3-zygote-"))
-            log = open(self._dir / "zygote.log", "wb")  # noqa: SIM115 - the zygote's own output, for a post-mortem
+                self._dir = Path(tempfile.mkdtemp(prefix="eagle3-zygote-"))
+                atexit.register(self.stop)
+            log = open(self._dir / "zygote.log", "ab")  # noqa: SIM115 - the zygote's own output, for a post-mortem
             self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("job_zygote.py"))],
                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                              cwd=PROJECT_ROOT, env=self.environment)
-            atexit.register(self.stop)
         return self._process if self._process.poll() is None else None
 
     def _reply(self, process: subprocess.Popen, deadline: float) -> dict | None:
@@ -270,7 +271,8 @@ class _Zygote:
         assert started is not None, f"the job zygote did not start the job (log: {self._dir / 'zygote.log'})"
         ended = self._reply(process, time.monotonic() + timeout)
         if ended is None:  # hung: kill it as subprocess.run's timeout would
-            os.kill(started["pid"], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(started["pid"], signal.SIGKILL)
             self._reply(process, deadline)
             raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
                                             err.read_text(errors="replace"))
