@@ -223,10 +223,10 @@ class _Zygote:
 
                 self._dir = Path(tempfile.mkdtemp(prefix="eagle3-zygote-"))
                 atexit.register(self.stop)
-            log = open(self._dir / "zygote.log", "ab")  # noqa: SIM115 - the zygote's own output, for a post-mortem
-            self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("job_zygote.py"))],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                             cwd=PROJECT_ROOT, env=self.environment)
+            with open(self._dir / "zygote.log", "ab") as log:  # the zygote's own output, for a post-mortem
+                self._process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("job_zygote.py"))],
+                                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                                 cwd=PROJECT_ROOT, env=self.environment)
         return self._process if self._process.poll() is None else None
 
     def _reply(self, process: subprocess.Popen, deadline: float) -> dict | None:
@@ -249,20 +249,18 @@ class _Zygote:
             return None
         try:
             process = self._start()
-            if process is None or process.stdin is None or self._dir is None:
-                return None
-            self._jobs += 1
-            out, err = self._dir / f"{self._jobs}.out", self._dir / f"{self._jobs}.err"
-            return self._run_one(process, argv, cwd, env, timeout, out, err)
+            return None if process is None else self._run_one(process, argv, cwd, env, timeout)
         except BaseException:
             self._abandon()  # a job half answered (a test interrupted): the next job gets a new zygote
             raise
         finally:
             self._lock.release()
 
-    def _run_one(self, process: subprocess.Popen, argv: list[str], cwd: Path, env: dict, timeout: float,
-                 out: Path, err: Path) -> subprocess.CompletedProcess:
+    def _run_one(self, process: subprocess.Popen, argv: list[str], cwd: Path, env: dict,
+                 timeout: float) -> subprocess.CompletedProcess:
         assert process.stdin is not None and self._dir is not None
+        self._jobs += 1
+        out, err = self._dir / f"{self._jobs}.out", self._dir / f"{self._jobs}.err"
         process.stdin.write((json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "out": str(out),
                                          "err": str(err)}) + "\n").encode())
         process.stdin.flush()

@@ -135,7 +135,7 @@ def use_field(default: Any = dataclasses.MISSING, choices: Any = None, *,
 def _is_optional(f: dataclasses.Field) -> bool:
     """Whether the schema lets the field be null (annotations are strings here: `from __future__`)."""
     annotation = str(f.type)
-    return annotation.startswith("Optional[") or "None" in annotation.split("|")
+    return annotation.startswith("Optional[") or "None" in (part.strip() for part in annotation.split("|"))
 
 
 def check_fields(node: Any, err: ConfigErrors, key: str = "", derived: Collection[str] = ()) -> None:

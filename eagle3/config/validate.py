@@ -63,38 +63,34 @@ def _check_derived(model: DictConfig, err: ConfigErrors) -> bool:
     return bool(found)
 
 
-def _missing_keys(cfg: DictConfig) -> list[str]:
-    """`OmegaConf.missing_keys` without resolving anything (it raises on an interpolation that fails)."""
+def _keys_where(cfg: DictConfig, holds: Callable[[Node], bool]) -> list[str]:
+    """The full keys of the nodes `holds` picks, found without resolving anything (OmegaConf's own
+    walks raise on an interpolation that fails); a picked, missing, null or interpolated node is not entered."""
     out: list[str] = []
-
-    def gather(node: DictConfig | ListConfig) -> None:
-        for key in cast(Iterable[Any], range(len(node)) if isinstance(node, ListConfig) else node.keys()):
-            child = node._get_node(key)
-            if OmegaConf.is_missing(node, key):
-                out.append(node._get_full_key(key))
-            elif isinstance(child, (DictConfig, ListConfig)) and not child._is_interpolation() and not child._is_none():
-                gather(child)
-
-    gather(cfg)
-    return sorted(out)
-
-
-def _interpolated_keys(cfg: DictConfig) -> set[str]:
-    """The full keys whose value is an interpolation (of another key, or a resolver's)."""
-    out: set[str] = set()
 
     def gather(node: DictConfig | ListConfig) -> None:
         for key in cast(Iterable[Any], range(len(node)) if isinstance(node, ListConfig) else node.keys()):
             child = node._get_node(key)
             if not isinstance(child, Node):
                 continue
-            if child._is_interpolation():
-                out.add(node._get_full_key(key))
-            elif isinstance(child, (DictConfig, ListConfig)) and not child._is_none() and not child._is_missing():
+            if holds(child):
+                out.append(node._get_full_key(key))
+            elif isinstance(child, (DictConfig, ListConfig)) and not (child._is_interpolation() or child._is_none()
+                                                                     or child._is_missing()):
                 gather(child)
 
     gather(cfg)
     return out
+
+
+def _missing_keys(cfg: DictConfig) -> list[str]:
+    """`OmegaConf.missing_keys`, without resolving."""
+    return sorted(_keys_where(cfg, lambda node: node._is_missing() and not node._is_interpolation()))
+
+
+def _interpolated_keys(cfg: DictConfig) -> set[str]:
+    """The full keys whose value is an interpolation (of another key, or a resolver's)."""
+    return set(_keys_where(cfg, lambda node: node._is_interpolation()))
 
 
 def _check_known_keys(node: DictConfig, key: str, err: ConfigErrors) -> None:

@@ -63,50 +63,30 @@ def test_a_job_run_in_process_ends_as_it_does_in_its_own_interpreter(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stage_job_run_in_process_writes_what_its_own_interpreter_writes(tmp_path):
-    """Stage jobs run in-process too (but in tests marked `own_process`, tests/conftest.py): the
-    same exit code, the same unit directories byte for byte, and a one-line error the same way."""
+@pytest.mark.parametrize("mode", ["inside", pytest.param("forked", marks=pytest.mark.own_process)])
+def test_a_stage_job_run_in_process_or_forked_writes_what_its_own_interpreter_writes(tmp_path, mode):
+    """Stage jobs run in-process (`inside`), or, in tests marked `own_process`, fork from tests/job_zygote.py
+    (`forked`: a process of its own, not this one): the same exit code, the same unit directories byte for
+    byte, and a one-line error the same way as a new interpreter."""
     args = ["stage=demo_data", "dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=8"]
-    roots = {mode: tmp_path / mode for mode in ("alone", "inside")}
-    for mode, in_process in (("alone", False), ("inside", True)):
-        done = run_cli([*args, f"paths.root={roots[mode]}"], cwd=tmp_path, in_process=in_process)
+    roots = {name: tmp_path / name for name in ("alone", mode)}
+    for name, in_process in (("alone", False), (mode, True if mode == "inside" else None)):
+        done = run_cli([*args, f"paths.root={roots[name]}"], cwd=tmp_path, in_process=in_process)
         assert done.returncode == 0, done.stderr[-2000:]
+    if mode == "forked":
+        [run_dir] = (roots[mode] / "runs").iterdir()
+        assert int(run_dir.name.split("_")[2]) != os.getpid()  # runs/<date>_<time>_<pid>_<stage>
 
     def files(root):
         return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "demo_data").rglob("*"))
                 if p.is_file() and p.name != "manifest.json"}
 
-    assert files(roots["inside"]) == files(roots["alone"]) and len(files(roots["alone"])) >= 1
+    assert files(roots[mode]) == files(roots["alone"]) and len(files(roots["alone"])) >= 1
     bad = ["stage=prep", "dataset=demo_prompts", "generate.backend=nope"]
     alone = run_cli([*bad, f"paths.root={roots['alone']}"], cwd=tmp_path, in_process=False)
-    inside = run_cli([*bad, f"paths.root={roots['inside']}"], cwd=tmp_path, in_process=True)
-    assert inside.returncode == alone.returncode == 2
-    assert inside.stderr.replace("inside", "alone") == alone.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.own_process
-def test_a_job_forked_from_the_zygote_writes_what_its_own_interpreter_writes(tmp_path):
-    """`own_process` jobs fork from tests/job_zygote.py: a process of their own (not this one), the same
-    exit code, the same unit files byte for byte, and a one-line config error the same way."""
-    args = ["stage=demo_data", "dataset=demo_prompts", "dataset.sources.demo_prompts.num_samples=8"]
-    roots = {mode: tmp_path / mode for mode in ("alone", "forked")}
-    for mode, in_process in (("alone", False), ("forked", None)):
-        done = run_cli([*args, f"paths.root={roots[mode]}"], cwd=tmp_path, in_process=in_process)
-        assert done.returncode == 0, done.stderr[-2000:]
-    [run_dir] = (roots["forked"] / "runs").iterdir()
-    assert int(run_dir.name.split("_")[2]) != os.getpid()  # runs/<date>_<time>_<pid>_<stage>
-
-    def files(root):
-        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "demo_data").rglob("*"))
-                if p.is_file() and p.name != "manifest.json"}
-
-    assert files(roots["forked"]) == files(roots["alone"]) and len(files(roots["alone"])) >= 1
-    bad = ["stage=prep", "dataset=demo_prompts", "generate.backend=nope"]
-    alone = run_cli([*bad, f"paths.root={roots['alone']}"], cwd=tmp_path, in_process=False)
-    forked = run_cli([*bad, f"paths.root={roots['forked']}"], cwd=tmp_path)
-    assert forked.returncode == alone.returncode == 2
-    assert forked.stderr.replace("forked", "alone") == alone.stderr
+    tried = run_cli([*bad, f"paths.root={roots[mode]}"], cwd=tmp_path, in_process=True if mode == "inside" else None)
+    assert tried.returncode == alone.returncode == 2
+    assert tried.stderr.replace(mode, "alone") == alone.stderr
 
 
 def _plan_lines(log: str) -> list[str]:
