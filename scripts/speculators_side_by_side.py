@@ -164,6 +164,39 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
     return info
 
 
+def speculators_verifier(target: str, out: Path) -> str:
+    """The verifier path to hand speculators: the target itself, or a view of it whose final norm
+    weight is stored as the scale it applies.
+
+    speculators 0.9.0 computes its teacher with a Llama RMSNorm holding the target's `norm.weight`;
+    for a family whose norm scales by `1 + weight` (Gemma 3) that teacher would be wrong and the
+    side-by-side would measure the bug, not the recipe. The view links every file of the target but
+    the weights, and holds only the tensors speculators reads (embedding, head, final norm).
+    """
+    from safetensors.torch import save_file
+
+    from eagle3.target.weights import load_embedding_and_head, load_final_norm, norm_adds_one
+    from eagle3.target_info import read_config
+
+    if not norm_adds_one(read_config(target) or {}):
+        return target
+    view = out / "verifier"
+    if (view / "model.safetensors").is_file():
+        return str(view)
+    view.mkdir(parents=True, exist_ok=True)
+    for f in Path(target).iterdir():
+        if f.is_file() and not f.name.startswith("model") and not (view / f.name).exists():
+            (view / f.name).symlink_to(f.resolve())
+    embed, head = load_embedding_and_head(target)
+    scale, _ = load_final_norm(target)  # weight + 1: the scale the target applies
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": scale}
+    if head is not embed:
+        tensors["lm_head.weight"] = head
+    save_file(tensors, str(view / "model.safetensors.tmp"))
+    (view / "model.safetensors.tmp").rename(view / "model.safetensors")
+    return str(view)
+
+
 def train_speculators(root: Path, data: Path, info: dict, train_cfg: dict, seed: int, python: str) -> dict:
     """`speculators train` on the prepared data; returns its checkpoint dir and wall time."""
     epochs = int(train_cfg["max_epochs"])
@@ -174,7 +207,7 @@ def train_speculators(root: Path, data: Path, info: dict, train_cfg: dict, seed:
         return {"checkpoint": str(last), **json.loads(timing.read_text())}
     n = info["n_train"] + info["n_eval"]
     cmd = [python, str(REPO / "scripts" / "speculators_cpu.py"), "train", "--speculator-type", "eagle3",
-           "--verifier-name-or-path", info["target"], "--data-path", str(data / "dataset"),
+           "--verifier-name-or-path", speculators_verifier(info["target"], data), "--data-path", str(data / "dataset"),
            "--hidden-states-path", str(data / "hidden_states"), "--save-path", str(out / "checkpoints"),
            "--log-dir", str(out / "logs"), "--d2t-path", str(data / "d2t.npy"), "--t2d-path", str(data / "t2d.npy"),
            "--target-layer-ids", *[str(c) for c in info["capture_layers"]],

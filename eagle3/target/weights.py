@@ -9,14 +9,17 @@ read straight from the checkpoint's safetensors files (only the shards that hold
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from safetensors import safe_open
 
 from eagle3.errors import Eagle3Error
 from eagle3.target_info import read_config, resolve_dir
+
+log = logging.getLogger("eagle3")
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -81,7 +84,10 @@ def load_embedding_and_head(path: str, *, revision: Optional[str] = None, cache_
 
 def load_final_norm(path: str, *, revision: Optional[str] = None, cache_dir: Optional[str] = None,
                     text_config_key: Optional[str] = None) -> tuple[torch.Tensor, float]:
-    """The target's final RMSNorm: its weight `[H]` (float32) and `rms_norm_eps`.
+    """The target's final RMSNorm as `rms_norm` applies it: its scale `[H]` (float32) and `rms_norm_eps`.
+
+    The scale is the stored weight, plus one for a family whose norm multiplies by `1 + weight`
+    (Gemma, Qwen3-Next): applied as stored, such a target's teacher logits would be silently wrong.
 
     Raises:
         TargetWeightsError: No `norm.weight` tensor outside the decoder layers.
@@ -102,7 +108,48 @@ def load_final_norm(path: str, *, revision: Optional[str] = None, cache_dir: Opt
 
         file = Path(hf_hub_download(path, weight_map[name], revision=revision, cache_dir=cache_dir))
     with safe_open(str(file), "pt") as fh:
-        return fh.get_tensor(name).float(), float(eps)
+        weight = fh.get_tensor(name).float()
+    config = read_config(root, text_config_key) or {}
+    return (weight + 1.0 if norm_adds_one(config) else weight), float(eps)
+
+
+def norm_adds_one(config: dict[str, Any]) -> bool:
+    """Whether the family's RMSNorm scales by `1 + weight` rather than `weight`.
+
+    Asked of transformers' own final-norm module of the family (a one-layer skeleton on the meta
+    device; its norm alone materialised with a zero weight and run on ones: 0 for Llama's
+    convention, 1 for Gemma's), so a family nobody listed is answered by its own code. A config
+    transformers cannot build (no `model_type`, remote code) is taken as the common convention,
+    with a warning.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type = config.get("model_type")
+    hidden = config.get("hidden_size")
+    if not isinstance(model_type, str) or not isinstance(hidden, int):
+        return False
+    keys = {k: v for k, v in config.items() if k not in _NOT_FOR_A_SKELETON and not isinstance(v, dict)}
+    keys["num_hidden_layers"] = 1  # the final norm does not depend on the depth
+    if isinstance(keys.get("layer_types"), list):
+        keys["layer_types"] = keys["layer_types"][:1]
+    try:
+        skeleton_config = AutoConfig.for_model(model_type, **keys)
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(skeleton_config)
+        norm = skeleton.get_decoder().norm.to_empty(device="cpu")
+        with torch.no_grad():
+            norm.weight.zero_()
+            out = norm(torch.ones(1, hidden))
+    except Exception as err:  # noqa: BLE001 - any failure means "not answerable", reported below
+        log.warning("target family %r: its final norm's convention could not be checked (%s: %s); "
+                    "applying the weight as stored (Llama's convention)", model_type, type(err).__name__, err)
+        return False
+    return bool(out.abs().mean() > 0.5)
+
+
+# Keys a config.json may carry that a skeleton must not act on (quantization, remote code, dtype).
+_NOT_FOR_A_SKELETON = frozenset({"model_type", "architectures", "auto_map", "quantization_config", "torch_dtype",
+                                 "dtype", "num_hidden_layers", "transformers_version"})
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
