@@ -128,28 +128,32 @@ def norm_adds_one(config: dict[str, Any]) -> bool:
     hidden = config.get("hidden_size")
     if not isinstance(model_type, str) or not isinstance(hidden, int):
         return False
-    keys = {k: v for k, v in config.items() if k not in _NOT_FOR_A_SKELETON and not isinstance(v, dict)}
-    keys["num_hidden_layers"] = 1  # the final norm does not depend on the depth
-    if isinstance(keys.get("layer_types"), list):
-        keys["layer_types"] = keys["layer_types"][:1]
-    try:
-        skeleton_config = AutoConfig.for_model(model_type, **keys)
-        with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(skeleton_config)
-        norm = skeleton.get_decoder().norm.to_empty(device="cpu")
-        with torch.no_grad():
-            norm.weight.zero_()
-            out = norm(torch.ones(1, hidden))
-    except Exception as err:  # noqa: BLE001 - any failure means "not answerable", reported below
-        log.warning("target family %r: its final norm's convention could not be checked (%s: %s); "
-                    "applying the weight as stored (Llama's convention)", model_type, type(err).__name__, err)
-        return False
-    return bool(out.abs().mean() > 0.5)
+    full = {k: v for k, v in config.items() if k not in _NOT_FOR_A_SKELETON and not isinstance(v, dict)}
+    # One layer is enough (the final norm does not depend on the depth) and cheap for a 1 T model; a
+    # family with other per-layer lists may refuse it, so the whole depth (still on meta) comes next.
+    one_layer = {**full, "num_hidden_layers": 1}
+    if isinstance(full.get("layer_types"), list):
+        one_layer["layer_types"] = full["layer_types"][:1]
+    error: Exception | None = None
+    for keys in (one_layer, full):
+        try:
+            skeleton_config = AutoConfig.for_model(model_type, **keys)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(skeleton_config)
+            norm = skeleton.get_decoder().norm.to_empty(device="cpu")
+            with torch.no_grad():
+                norm.weight.zero_()
+                return bool(norm(torch.ones(1, hidden)).abs().mean() > 0.5)
+        except Exception as err:  # noqa: BLE001 - any failure means "not answerable", reported below
+            error = err
+    log.warning("target family %r: its final norm's convention could not be checked (%s: %s); "
+                "applying the weight as stored (Llama's convention)", model_type, type(error).__name__, error)
+    return False
 
 
 # Keys a config.json may carry that a skeleton must not act on (quantization, remote code, dtype).
 _NOT_FOR_A_SKELETON = frozenset({"model_type", "architectures", "auto_map", "quantization_config", "torch_dtype",
-                                 "dtype", "num_hidden_layers", "transformers_version"})
+                                 "dtype", "transformers_version"})
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
