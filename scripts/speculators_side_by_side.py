@@ -136,7 +136,9 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
         for i, rec in enumerate(records):
             ids = torch.tensor(rec["input_ids"])
             prenorm.clear()
-            states = model(input_ids=ids[None], output_hidden_states=True).hidden_states
+            # the decoder alone: speculators needs states, not the head's logits (a 262K-token head
+            # would be most of the forward on Gemma)
+            states = model.model(input_ids=ids[None], output_hidden_states=True).hidden_states
             aux = [states[c][0].to(torch.bfloat16).float() for c in capture]  # what eagle3's store holds
             stacked = torch.stack([*aux, prenorm[0][0]], dim=1)  # [T, C + 1, H]
             save_file({"hidden_states": stacked.contiguous(), "token_ids": ids},
