@@ -99,7 +99,8 @@ def load_final_norm(path: str, *, revision: Optional[str] = None, cache_dir: Opt
     if name is None:
         raise TargetWeightsError(f"{root}: cannot find the target's final norm.weight (outside the layers: "
                                  f"{[n for n in names if 'norm' in n][:6] or 'none'})")
-    eps = (read_config(root, text_config_key) or {}).get("rms_norm_eps")
+    config = read_config(root, text_config_key) or {}
+    eps = config.get("rms_norm_eps")
     if eps is None:
         raise TargetWeightsError(f"{root}/config.json has no rms_norm_eps: the final norm cannot be applied exactly")
     file = root / weight_map[name]
@@ -109,7 +110,6 @@ def load_final_norm(path: str, *, revision: Optional[str] = None, cache_dir: Opt
         file = Path(hf_hub_download(path, weight_map[name], revision=revision, cache_dir=cache_dir))
     with safe_open(str(file), "pt") as fh:
         weight = fh.get_tensor(name).float()
-    config = read_config(root, text_config_key) or {}
     return (weight + 1.0 if norm_adds_one(config) else weight), float(eps)
 
 
