@@ -8,6 +8,7 @@ Usage:
         --precisions bf16-mixed --batch-tokens 8192          # Kimi-K2.5's draft geometries on a GPU
     python scripts/bench_train.py --device cuda --part memory --targets kimi_mla --lengths 4096 16384 32768
     python scripts/bench_train.py --part saved --targets kimi_llama kimi_mla --lengths 64 192 --target-vocab 32000
+    python scripts/bench_train.py --part teacher --teacher-shapes gemma3_270m smollm2   # screened vs float32 head
 
 Step: one optimizer step of `DraftModule` as the train stage runs it (teacher from the target
 head, the TTT forward, backward, MuonAdamW), at each target's draft geometry, on a batch shaped
@@ -25,6 +26,10 @@ the blockwise TTT attention the growth must be linear in the length (no L x L te
 `--device cuda` the step runs in this process at each `--targets` geometry (bf16-mixed, the
 whole train step: teacher, TTT, backward, optimizer) and the figure is CUDA's peak allocation
 minus what the draft, its optimizer state and the target head held before the step.
+
+Teacher: the teacher's lm_head product (`teacher_targets`) on 1,024 positions at a target's vocab,
+float32 over the whole vocab against the bf16-screened head (`eagle3.draft.teacher_head`), in turn
+(A B A B, 5 each), with the share of rows the screen left to float32 and whether the argmax agreed.
 
 Targets: `demo`/`smollm2` are fixed tuples below; `kimi_llama`, `kimi_mla`, `demo_kimi_llama`
 and `demo_kimi_mla` are composed from conf/ (`model=kimi_k25` / `model=demo_kimi`, with
@@ -95,6 +100,38 @@ TARGETS = {"demo": (256, 4, 4, 704, 2048, 8192, 3), "smollm2": (576, 9, 3, 1536,
 CONFIG_TARGETS = {"kimi_llama": ["model=kimi_k25"], "kimi_mla": ["model=kimi_k25", "model.draft.attention=mla"],
                   "demo_kimi_llama": ["model=demo_kimi"],
                   "demo_kimi_mla": ["model=demo_kimi", "model.draft.attention=mla"]}
+
+
+#: Teacher part: (target vocab, hidden, draft vocab) of real targets' heads.
+TEACHER_SHAPES = {"smollm2": (49152, 576, 32000), "gemma3_270m": (262144, 640, 32000),
+                  "qwen2.5_0.5b": (151936, 896, 32000), "kimi_k25": (163840, 7168, 32000)}
+
+
+def teacher_rates(shape: str, rows: int, reps: int) -> dict:
+    """Median seconds of the float32 and the screened teacher on `rows` positions, and what the screen decided."""
+    from eagle3.draft.teacher_head import TeacherHead
+
+    vocab, hidden, draft_vocab = TEACHER_SHAPES[shape]
+    gen = torch.Generator().manual_seed(0)
+    head = torch.randn(vocab, hidden, generator=gen) / hidden ** 0.5
+    draft_ids = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
+    final = (torch.randn(1, rows, hidden, generator=gen) * 4).bfloat16()  # logits of a few units, as a chat model's
+    heads = {"float32": TeacherHead.build(head, draft_ids, screen=False),
+             "screened": TeacherHead.build(head, draft_ids, screen=True)}
+    times: dict[str, list[float]] = {name: [] for name in heads}
+    out = {}
+    for _ in range(reps):
+        for name, split in heads.items():
+            started = time.perf_counter()
+            out[name] = teacher_targets(final, split, draft_ids)
+            times[name].append(time.perf_counter() - started)
+    screened = heads["screened"]
+    hi, bound = screened.out_of_vocab_max(final[0])
+    in_max = (final[0].float() @ screened.in_vocab.T).max(-1).values
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()} | {
+        "undecided": float(((hi - in_max).abs() <= bound).float().mean()),
+        "same": bool(torch.equal(out["float32"].argmax, out["screened"].argmax))
+        and bool(torch.allclose(out["float32"].probs, out["screened"].probs, rtol=1e-5, atol=1e-7))}
 
 
 def target_geometry(name: str) -> DraftGeometry:
@@ -291,7 +328,9 @@ def saved_bytes(target: str, seq: int, steps: int, target_vocab: int | None) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "step", "throughput", "memory", "saved"], default="all")
+    parser.add_argument("--part", choices=["all", "step", "throughput", "memory", "saved", "teacher"], default="all")
+    parser.add_argument("--teacher-shapes", nargs="+", default=["smollm2", "gemma3_270m"], choices=list(TEACHER_SHAPES))
+    parser.add_argument("--teacher-rows", type=int, default=1024)
     parser.add_argument("--target-vocab", type=int, help="saved part: shrink the target vocabulary (Kimi on a CPU)")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=[*TARGETS, *CONFIG_TARGETS])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -307,6 +346,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         memory_child(args.child, args.hidden, args.draft_vocab, args.steps, args.block)
+        return
+    if args.part == "teacher":  # not in "all": the float32 side takes seconds per rep at a 262K vocab
+        print(f"| target head (V, H, Vd) | float32, s | screened, s | ratio | left to float32 | same teacher |  "
+              f"({args.teacher_rows} positions, median of {args.reps}, A B A B)")
+        for shape in args.teacher_shapes:
+            r = teacher_rates(shape, args.teacher_rows, args.reps)
+            print(f"| {shape} {TEACHER_SHAPES[shape]} | {r['float32']:.3f} | {r['screened']:.3f} "
+                  f"| {r['float32'] / r['screened']:.2f}x | {100 * r['undecided']:.1f}% | {r['same']} |", flush=True)
         return
     if args.part == "saved":  # not in "all": at Kimi geometry it takes minutes on a CPU
         short, long = sorted(args.lengths)[0], sorted(args.lengths)[-1]

@@ -22,7 +22,8 @@ acceptance) at each K, and eagle3's in-process eval (simulated and real accept l
 check).
 
 Writes ROOT/side_by_side.json and ROOT/side_by_side.md; each step's logs under ROOT/logs.
-Rerunning reuses finished steps (the chain's units, speculators' checkpoints, bench units).
+Rerunning reuses finished steps (the chain's units, speculators' checkpoints, bench units, in-process
+judgements of unchanged exports under ROOT/judged).
 """
 
 from __future__ import annotations
@@ -296,6 +297,40 @@ def check_conversion(checkpoint: Path, export: Path, data: Path, steps: int, pyt
 # Judging
 
 
+def judged_once(root: Path, export: Path, train_unit: Path, target: str, ks: list[int], num_prompts: int,
+                max_new: int, train_cfg: dict) -> dict:
+    """`in_process`, kept under ROOT/judged by the export's bytes and the judge's inputs.
+
+    The in-process judge decodes every prompt with the target at each K (about 12 min per draft on
+    gemma-3-270m), so a rerun after retraining one side re-judges that side only.
+    """
+    kept = root / "judged" / f"{judge_key(export, train_unit, target, ks, num_prompts, max_new, train_cfg)}.json"
+    if kept.is_file():
+        print(f"[side-by-side] in-process judge of {export}: reusing {kept}", flush=True)
+        return {k: v for k, v in json.loads(kept.read_text()).items() if k != "export"}
+    result = in_process(export, train_unit, target, ks, num_prompts, max_new, train_cfg)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_suffix(".tmp")
+    partial.write_text(json.dumps({**result, "export": str(export)}, indent=1))
+    os.replace(partial, kept)
+    return result
+
+
+def judge_key(export: Path, train_unit: Path, target: str, ks: list[int], num_prompts: int, max_new: int,
+              train_cfg: dict) -> str:
+    """What an in-process judgement depends on: the export's files, the target, the eval split, the judge's knobs."""
+    digest = hashlib.sha256()
+    for file in sorted(export.iterdir()):
+        if file.is_file():
+            digest.update(file.name.encode() + file.read_bytes())
+    local = Path(target).expanduser()
+    inputs = {"target": str(local.resolve()) if local.exists() else target, "ks": ks, "prompts": num_prompts,
+              "max_new": max_new, "train": train_cfg,
+              "extract": Manifest.load(train_unit).inputs["extract"]["path"]}
+    digest.update(json.dumps(inputs, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
 def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_prompts: int, max_new: int,
                train_cfg: dict) -> dict:
     """eagle3's eval of any export: simulated on the eval split, real decoding on held-out prompts."""
@@ -376,8 +411,8 @@ def main() -> None:
                "speculators": {"train_tokens_per_s": spec["train_tokens_per_s"], "wall_s": spec["wall_s"],
                                "forward_wall_s": info.get("forward_wall_s"), "forward_tokens": info.get("tokens")}}
         for who, path in (("ours", ours_export), ("speculators", export)):
-            row[who]["in_process"] = in_process(path, train_unit, target, args.ks, args.in_process_prompts, 128,
-                                                train_cfg)
+            row[who]["in_process"] = judged_once(root, path, train_unit, target, args.ks, args.in_process_prompts,
+                                                 128, train_cfg)
             if not args.skip_vllm:
                 row[who]["vllm"] = {str(k): vllm_bench(root, chain_root, seed, args.overrides, path, k,
                                                        args.vllm_python) for k in args.ks}

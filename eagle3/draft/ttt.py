@@ -36,6 +36,7 @@ from eagle3.draft.options import (
     STEP_WEIGHTS,
     STEP_WEIGHTS_DPACE,
 )
+from eagle3.draft.teacher_head import TeacherHead
 
 
 @dataclass
@@ -99,32 +100,41 @@ def teacher_positions(loss_mask: torch.Tensor, lengths: torch.Tensor, positions:
 
 
 @torch.no_grad()
-def teacher_targets(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor,
+def teacher_targets(final: torch.Tensor, head: torch.Tensor | TeacherHead, draft_ids: torch.Tensor,
                     chunk_tokens: int = 4096, renormalise: bool = True,
                     needed: torch.Tensor | None = None) -> Teacher:
     """Teacher signal from stored final states `[B, T, H]` and the target lm_head `[V, H]`.
 
-    Full-vocab logits exist for `chunk_tokens` rows at a time only (at V = 163840 a full batch
-    would not fit). `renormalise=False` keeps the full-vocab probabilities of the draft-vocab
-    ids (rows sum to the in-vocab mass; `train.teacher=full_vocab`). `needed` `[B, T]` bool
-    (default: every position) chooses the positions that get a row.
+    `head` may come split already (`TeacherHead.build(head, draft_ids)`, what training does once):
+    the renormalised teacher then screens the out-of-vocab logits in bf16 (`eagle3.draft.teacher_head`)
+    and is the float32 one exactly in argmax and probabilities. Full-vocab logits exist for
+    `chunk_tokens` rows at a time only (at V = 163840 a full batch would not fit).
+    `renormalise=False` keeps the full-vocab probabilities of the draft-vocab ids (rows sum to the
+    in-vocab mass; `train.teacher=full_vocab`). `needed` `[B, T]` bool (default: every position)
+    chooses the positions that get a row.
     """
+    if isinstance(head, TeacherHead):
+        if not torch.equal(head.draft_ids, draft_ids.to(head.draft_ids.device)):
+            raise ValueError("teacher_targets: the TeacherHead was split for another draft vocab")
+        split = head
+    else:
+        split = TeacherHead.build(head, draft_ids, screen=None if renormalise else False)
     bsz, seq, hidden = final.shape
-    vocab = head.shape[0]
-    to_draft = torch.full((vocab,), -1, dtype=torch.long, device=head.device)
-    to_draft[draft_ids] = torch.arange(len(draft_ids), device=head.device)
     if needed is None:
         needed = torch.ones(bsz, seq, dtype=torch.bool, device=final.device)
     where = needed.reshape(-1).nonzero().squeeze(1)  # [N] flat positions
     flat = final.reshape(-1, hidden)[where]
     probs, argmax = [], []
     for start in range(0, flat.shape[0], chunk_tokens):
-        logits = (flat[start:start + chunk_tokens].float() @ head.float().T).float()  # [n, V]
-        argmax.append(to_draft[logits.argmax(-1)])
+        chunk = flat[start:start + chunk_tokens]
         if renormalise:
-            probs.append(torch.softmax(logits[:, draft_ids], dim=-1))
+            logits, best = split.draft_logits(chunk)  # [n, Vd], [n]
+            probs.append(torch.softmax(logits, dim=-1))
         else:
-            probs.append(torch.softmax(logits, dim=-1)[:, draft_ids])
+            full = chunk.float() @ split.full.T  # [n, V]
+            best = split.draft_id_of(full.argmax(-1))
+            probs.append(torch.softmax(full, dim=-1)[:, split.draft_ids])
+        argmax.append(best)
     dense_argmax = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
     row_of = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
     if len(where):
