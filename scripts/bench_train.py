@@ -9,6 +9,8 @@ Usage:
     python scripts/bench_train.py --device cuda --part memory --targets kimi_mla --lengths 4096 16384 32768
     python scripts/bench_train.py --part saved --targets kimi_llama kimi_mla --lengths 64 192 --target-vocab 32000
     python scripts/bench_train.py --part teacher --teacher-shapes gemma3_270m smollm2   # screened vs float32 head
+    python scripts/bench_train.py --part teacher --teacher-chain /tmp/sbs_gemma/chain \
+        --teacher-target .cache/targets/gemma-3-270m                                    # on a chain's own states
 
 Step: one optimizer step of `DraftModule` as the train stage runs it (teacher from the target
 head, the TTT forward, backward, MuonAdamW), at each target's draft geometry, on a batch shaped
@@ -29,7 +31,9 @@ minus what the draft, its optimizer state and the target head held before the st
 
 Teacher: the teacher's lm_head product (`teacher_targets`) on 1,024 positions at a target's vocab,
 float32 over the whole vocab against the bf16-screened head (`eagle3.draft.teacher_head`), in turn
-(A B A B, 5 each), with the share of rows the screen left to float32 and whether the argmax agreed.
+(A B A B, 5 each), with the share of rows the screen left to float32 and whether the teacher agreed.
+Random states and heads at real head shapes leave more rows undecided than a model's own (a trained
+head's top logit stands out); `--teacher-chain` measures on a chain's stored states and real head.
 
 Targets: `demo`/`smollm2` are fixed tuples below; `kimi_llama`, `kimi_mla`, `demo_kimi_llama`
 and `demo_kimi_mla` are composed from conf/ (`model=kimi_k25` / `model=demo_kimi`, with
@@ -107,15 +111,43 @@ TEACHER_SHAPES = {"smollm2": (49152, 576, 32000), "gemma3_270m": (262144, 640, 3
                   "qwen2.5_0.5b": (151936, 896, 32000), "kimi_k25": (163840, 7168, 32000)}
 
 
-def teacher_rates(shape: str, rows: int, reps: int) -> dict:
-    """Median seconds of the float32 and the screened teacher on `rows` positions, and what the screen decided."""
-    from eagle3.draft.teacher_head import TeacherHead
-
+def synthetic_teacher(shape: str, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(final `[1, rows, H]` bf16, head `[V, H]`, draft ids) at a real target's head shape, random values."""
     vocab, hidden, draft_vocab = TEACHER_SHAPES[shape]
     gen = torch.Generator().manual_seed(0)
     head = torch.randn(vocab, hidden, generator=gen) / hidden ** 0.5
     draft_ids = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
     final = (torch.randn(1, rows, hidden, generator=gen) * 4).bfloat16()  # logits of a few units, as a chat model's
+    return final, head, draft_ids
+
+
+def chain_teacher(chain: str, target: str, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same from a chain: its stored final states (the first `rows` positions), the target's head, its d2t."""
+    from pathlib import Path
+
+    from eagle3.states.store import HiddenStateStore
+    from eagle3.target.weights import load_embedding_and_head
+
+    root = Path(chain)
+    stores, maps = sorted((root / "hidden_states").iterdir()), sorted(root.glob("vocab/*/t2d.pt"))
+    if len(stores) != 1 or len(maps) != 1:
+        raise SystemExit(f"--teacher-chain {chain}: expected one store under hidden_states/ and one vocab/*/t2d.pt, "
+                         f"found {len(stores)} and {len(maps)}")
+    store = HiddenStateStore(stores[0])
+    finals, have = [], 0
+    for key in sorted(store.entries):
+        finals.append(store.load(key)[1])
+        have += len(finals[-1])
+        if have >= rows:
+            break
+    draft_ids = torch.load(maps[0], weights_only=True).nonzero().squeeze(1)
+    return torch.cat(finals)[:rows].unsqueeze(0), load_embedding_and_head(target)[1], draft_ids
+
+
+def teacher_rates(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor, reps: int) -> dict:
+    """Median seconds of the float32 and the screened teacher on `final` `[1, n, H]`, and what the screen decided."""
+    from eagle3.draft.teacher_head import TeacherHead
+
     heads = {"float32": TeacherHead.build(head, draft_ids, screen=False),
              "screened": TeacherHead.build(head, draft_ids, screen=True)}
     times: dict[str, list[float]] = {name: [] for name in heads}
@@ -125,11 +157,10 @@ def teacher_rates(shape: str, rows: int, reps: int) -> dict:
             started = time.perf_counter()
             out[name] = teacher_targets(final, split, draft_ids)
             times[name].append(time.perf_counter() - started)
-    screened = heads["screened"]
-    hi, bound = screened.out_of_vocab_max(final[0])
-    in_max = (final[0].float() @ screened.in_vocab.T).max(-1).values
+    screened, states = heads["screened"], final[0]
+    undecided, _ = screened.screen(states, (states.float() @ screened.in_vocab.T).max(-1).values)
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()} | {
-        "undecided": float(((hi - in_max).abs() <= bound).float().mean()),
+        "undecided": float(undecided.float().mean()),
         "same": bool(torch.equal(out["float32"].argmax, out["screened"].argmax))
         and bool(torch.allclose(out["float32"].probs, out["screened"].probs, rtol=1e-5, atol=1e-7))}
 
@@ -331,6 +362,8 @@ def main() -> None:
     parser.add_argument("--part", choices=["all", "step", "throughput", "memory", "saved", "teacher"], default="all")
     parser.add_argument("--teacher-shapes", nargs="+", default=["smollm2", "gemma3_270m"], choices=list(TEACHER_SHAPES))
     parser.add_argument("--teacher-rows", type=int, default=1024)
+    parser.add_argument("--teacher-chain", help="teacher part: a chain's paths.root (its stored states and d2t) ...")
+    parser.add_argument("--teacher-target", help="... and its target's checkpoint directory (the head)")
     parser.add_argument("--target-vocab", type=int, help="saved part: shrink the target vocabulary (Kimi on a CPU)")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=[*TARGETS, *CONFIG_TARGETS])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -350,10 +383,16 @@ def main() -> None:
     if args.part == "teacher":  # not in "all": the float32 side takes seconds per rep at a 262K vocab
         print(f"| target head (V, H, Vd) | float32, s | screened, s | ratio | left to float32 | same teacher |  "
               f"({args.teacher_rows} positions, median of {args.reps}, A B A B)")
-        for shape in args.teacher_shapes:
-            r = teacher_rates(shape, args.teacher_rows, args.reps)
-            print(f"| {shape} {TEACHER_SHAPES[shape]} | {r['float32']:.3f} | {r['screened']:.3f} "
-                  f"| {r['float32'] / r['screened']:.2f}x | {100 * r['undecided']:.1f}% | {r['same']} |", flush=True)
+        cases = [f"{args.teacher_target}, {args.teacher_chain}'s states"] if args.teacher_chain else [
+            f"{shape}, random" for shape in args.teacher_shapes]
+        for label in cases:
+            final, head, draft_ids = (chain_teacher(args.teacher_chain, args.teacher_target, args.teacher_rows)
+                                      if args.teacher_chain else synthetic_teacher(label.split(",")[0],
+                                                                                   args.teacher_rows))
+            r = teacher_rates(final, head, draft_ids, args.reps)
+            print(f"| {label} (V {head.shape[0]:,}, H {head.shape[1]}, Vd {len(draft_ids):,}) | {r['float32']:.3f} "
+                  f"| {r['screened']:.3f} | {r['float32'] / r['screened']:.2f}x | {100 * r['undecided']:.1f}% "
+                  f"| {r['same']} |", flush=True)
         return
     if args.part == "saved":  # not in "all": at Kimi geometry it takes minutes on a CPU
         short, long = sorted(args.lengths)[0], sorted(args.lengths)[-1]

@@ -49,7 +49,7 @@ class TeacherHead:
 
     Attributes:
         full: `[V, H]` float32, for the rows the screen cannot decide.
-        draft_ids: `[Vd]` target ids of the draft vocab, ascending.
+        draft_ids: `[Vd]` target id of each draft id (`Eagle3Draft.draft_ids()`).
         in_vocab: `[Vd, H]` float32, `full[draft_ids]`.
         out_of_vocab: `[V - Vd, H]` bfloat16 (None when the screen is off or the draft vocab is all of V).
         rounding: max_j ||bf16(w_j) - w_j|| over the out-of-vocab rows.
@@ -101,14 +101,23 @@ class TeacherHead:
         in_max, in_arg = logits.max(-1)  # the draft vocab is never empty
         if self.out_of_vocab is None:  # the draft vocab is the whole vocab
             return logits, in_arg
+        undecided, outside_wins = self.screen(x, in_max)
+        argmax = torch.where(outside_wins, torch.full_like(in_arg, -1), in_arg)
+        rows = undecided.nonzero().squeeze(1)
+        if len(rows):
+            argmax[rows] = self._exact_argmax(x[rows])
+        return logits, argmax
+
+    def screen(self, states: torch.Tensor, in_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[n]` bool each: the rows the bf16 screen cannot decide, and those where an out-of-vocab token wins.
+
+        `states` `[n, H]`; `in_max` `[n]`: the float32 maximum over the draft vocab's logits.
+        """
+        x = states.float()
         hi, bound = self.out_of_vocab_max(x)
         bound = bound + x.shape[1] * _FP32_EPS * x.norm(dim=-1) * self.in_row_norm  # the in-vocab maximum's own
         gap = hi - in_max  # > 0: an out-of-vocab token may win
-        argmax = torch.where(gap < -bound, in_arg, torch.full_like(in_arg, -1))
-        undecided = (gap.abs() <= bound).nonzero().squeeze(1)
-        if len(undecided):
-            argmax[undecided] = self._exact_argmax(x[undecided])
-        return logits, argmax
+        return gap.abs() <= bound, gap > bound
 
     def out_of_vocab_max(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The bf16 maximum over the out-of-vocab logits `[n]` and a bound `[n]` on its distance to the exact one.
