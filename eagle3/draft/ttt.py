@@ -107,9 +107,9 @@ def teacher_targets(final: torch.Tensor, head: torch.Tensor | TeacherHead, draft
 
     `head` may come split already (`TeacherHead.build(head, draft_ids)`, what training does once):
     the renormalised teacher then screens the out-of-vocab logits in bf16 (`eagle3.draft.teacher_head`)
-    and is the float32 one exactly in argmax and probabilities. Full-vocab logits exist for
-    `chunk_tokens` rows at a time only (at V = 163840 a full batch would not fit).
-    `renormalise=False` keeps the full-vocab probabilities of the draft-vocab ids (rows sum to the
+    and has the float32 one's argmax exactly and its probabilities up to float32 summation order.
+    Full-vocab logits exist for `chunk_tokens` rows at a time only (at V = 163840 a full batch would
+    not fit). `renormalise=False` keeps the full-vocab probabilities of the draft-vocab ids (rows sum to the
     in-vocab mass; `train.teacher=full_vocab`). `needed` `[B, T]` bool (default: every position)
     chooses the positions that get a row.
     """
