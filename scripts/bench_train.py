@@ -144,18 +144,22 @@ def chain_teacher(chain: str, target: str, rows: int) -> tuple[torch.Tensor, tor
     return torch.cat(finals)[:rows].unsqueeze(0), load_embedding_and_head(target)[1], draft_ids
 
 
-def teacher_rates(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor, reps: int) -> dict:
+def teacher_rates(final: torch.Tensor, head: torch.Tensor, draft_ids: torch.Tensor, reps: int,
+                  device: str = "cpu") -> dict:
     """Median seconds of the float32 and the screened teacher on `final` `[1, n, H]`, and what the screen decided."""
     from eagle3.draft.teacher_head import TeacherHead
 
+    final, head, draft_ids = final.to(device), head.to(device), draft_ids.to(device)
     heads = {"float32": TeacherHead.build(head, draft_ids, screen=False),
              "screened": TeacherHead.build(head, draft_ids, screen=True)}
     times: dict[str, list[float]] = {name: [] for name in heads}
     out = {}
     for _ in range(reps):
         for name, split in heads.items():
+            sync(device)
             started = time.perf_counter()
             out[name] = teacher_targets(final, split, draft_ids)
+            sync(device)
             times[name].append(time.perf_counter() - started)
     screened, states = heads["screened"], final[0]
     undecided, _ = screened.screen(states, (states.float() @ screened.in_vocab.T).max(-1).values)
@@ -389,7 +393,7 @@ def main() -> None:
             final, head, draft_ids = (chain_teacher(args.teacher_chain, args.teacher_target, args.teacher_rows)
                                       if args.teacher_chain else synthetic_teacher(label.split(",")[0],
                                                                                    args.teacher_rows))
-            r = teacher_rates(final, head, draft_ids, args.reps)
+            r = teacher_rates(final, head, draft_ids, args.reps, args.device)
             print(f"| {label} (V {head.shape[0]:,}, H {head.shape[1]}, Vd {len(draft_ids):,}) | {r['float32']:.3f} "
                   f"| {r['screened']:.3f} | {r['float32'] / r['screened']:.2f}x | {100 * r['undecided']:.1f}% "
                   f"| {r['same']} |", flush=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks this project runs when a GPU is lent (BENCHMARKS.md "On a GPU"): the Kimi-K2.5-geometry
-# draft's train step (Llama-style and MLA: tok/s, peak memory by sample length) and the demo_kimi chain
+# draft's train step (Llama-style and MLA: tok/s, peak memory by sample length), the teacher's screened
+# head product against float32 (same teacher? time), and the demo_kimi chain
 # on CUDA in bf16. Usage, from the repository root on the GPU machine:
 #   OUT=/tmp/gpu-checks bash scripts/gpu_checks.sh      # tables and logs land in $OUT
 # The GPU image lacks hydra-core, omegaconf and datasets: put them on PYTHONPATH first (the device
@@ -20,6 +21,8 @@ cd "$REPO" || exit 1
 
 timeout "${STEP_LIMIT_S:-200}" $PY scripts/bench_train.py --device cuda --part step --targets kimi_llama kimi_mla \
   --precisions bf16-mixed --batch-tokens ${STEP_TOKENS:-2048} --reps 3 2>&1 | tee "$OUT/step.md"
+timeout "${TEACHER_LIMIT_S:-90}" $PY scripts/bench_train.py --device cuda --part teacher --reps 3 \
+  --teacher-shapes kimi_k25 gemma3_270m 2>&1 | tee "$OUT/teacher.md"   # the bf16 screen's bound under cuBLAS
 timeout "${MEMORY_LIMIT_S:-150}" $PY scripts/bench_train.py --device cuda --part memory --targets kimi_llama kimi_mla \
   --lengths ${MEMORY_LENGTHS:-512 1024 2048 4096} 2>&1 | tee "$OUT/memory.md"
 
