@@ -48,6 +48,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -387,12 +388,13 @@ def main() -> None:
     if args.part == "teacher":  # not in "all": the float32 side takes seconds per rep at a 262K vocab
         print(f"| target head (V, H, Vd) | float32, s | screened, s | ratio | left to float32 | same teacher |  "
               f"({args.teacher_rows} positions, median of {args.reps}, A B A B)")
-        cases = [f"{args.teacher_target}, {args.teacher_chain}'s states"] if args.teacher_chain else [
-            f"{shape}, random" for shape in args.teacher_shapes]
-        for label in cases:
-            final, head, draft_ids = (chain_teacher(args.teacher_chain, args.teacher_target, args.teacher_rows)
-                                      if args.teacher_chain else synthetic_teacher(label.split(",")[0],
-                                                                                   args.teacher_rows))
+        cases: Iterable[tuple[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]
+        if args.teacher_chain:
+            cases = [(f"{args.teacher_target}, {args.teacher_chain}'s states",
+                      chain_teacher(args.teacher_chain, args.teacher_target, args.teacher_rows))]
+        else:  # a generator: one random head in memory at a time
+            cases = ((f"{shape}, random", synthetic_teacher(shape, args.teacher_rows)) for shape in args.teacher_shapes)
+        for label, (final, head, draft_ids) in cases:
             r = teacher_rates(final, head, draft_ids, args.reps, args.device)
             print(f"| {label} (V {head.shape[0]:,}, H {head.shape[1]}, Vd {len(draft_ids):,}) | {r['float32']:.3f} "
                   f"| {r['screened']:.3f} | {r['float32'] / r['screened']:.2f}x | {100 * r['undecided']:.1f}% "

@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from eagle3.artifacts import Manifest  # noqa: E402
+from eagle3.artifacts import Manifest, atomic_write_json, file_sha256, fingerprint  # noqa: E402
 from eagle3.config.schema import OptimizerConfig, TrainConfig  # noqa: E402
 
 RUN_PY = REPO / "scripts" / "run.py"
@@ -310,25 +310,18 @@ def judged_once(root: Path, export: Path, train_unit: Path, target: str, ks: lis
         return {k: v for k, v in json.loads(kept.read_text()).items() if k != "export"}
     result = in_process(export, train_unit, target, ks, num_prompts, max_new, train_cfg)
     kept.parent.mkdir(parents=True, exist_ok=True)
-    partial = kept.with_suffix(".tmp")
-    partial.write_text(json.dumps({**result, "export": str(export)}, indent=1))
-    os.replace(partial, kept)
+    atomic_write_json(kept, {**result, "export": str(export)})
     return result
 
 
 def judge_key(export: Path, train_unit: Path, target: str, ks: list[int], num_prompts: int, max_new: int,
               train_cfg: dict) -> str:
     """What an in-process judgement depends on: the export's files, the target, the eval split, the judge's knobs."""
-    digest = hashlib.sha256()
-    for file in sorted(export.iterdir()):
-        if file.is_file():
-            digest.update(file.name.encode() + file.read_bytes())
     local = Path(target).expanduser()
-    inputs = {"target": str(local.resolve()) if local.exists() else target, "ks": ks, "prompts": num_prompts,
-              "max_new": max_new, "train": train_cfg,
-              "extract": Manifest.load(train_unit).inputs["extract"]["path"]}
-    digest.update(json.dumps(inputs, sort_keys=True, default=str).encode())
-    return digest.hexdigest()[:16]
+    return fingerprint({"files": {f.name: file_sha256(f) for f in sorted(export.iterdir()) if f.is_file()},
+                        "target": str(local.resolve()) if local.exists() else target, "ks": ks,
+                        "prompts": num_prompts, "max_new": max_new, "train": train_cfg,
+                        "extract": Manifest.load(train_unit).inputs["extract"]["path"]}, length=16)
 
 
 def in_process(export: Path, train_unit: Path, target: str, ks: list[int], num_prompts: int, max_new: int,

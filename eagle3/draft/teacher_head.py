@@ -50,6 +50,7 @@ class TeacherHead:
     Attributes:
         full: `[V, H]` float32, for the rows the screen cannot decide.
         draft_ids: `[Vd]` target id of each draft id (`Eagle3Draft.draft_ids()`).
+        to_draft: `[V]` draft id of each target id, -1 outside the draft vocab.
         in_vocab: `[Vd, H]` float32, `full[draft_ids]`.
         out_of_vocab: `[V - Vd, H]` bfloat16 (None when the screen is off or the draft vocab is all of V).
         rounding: max_j ||bf16(w_j) - w_j|| over the out-of-vocab rows.
@@ -59,6 +60,7 @@ class TeacherHead:
 
     full: torch.Tensor
     draft_ids: torch.Tensor
+    to_draft: torch.Tensor
     in_vocab: torch.Tensor
     out_of_vocab: torch.Tensor | None
     rounding: float
@@ -72,17 +74,19 @@ class TeacherHead:
         draft_ids = draft_ids.to(full.device)
         in_vocab = full[draft_ids].contiguous()
         in_row_norm = float(in_vocab.norm(dim=-1).max()) if len(in_vocab) else 0.0
-        outside = torch.ones(full.shape[0], dtype=torch.bool, device=full.device)
-        outside[draft_ids] = False
+        to_draft = torch.full((full.shape[0],), -1, dtype=torch.long, device=full.device)
+        to_draft[draft_ids] = torch.arange(len(draft_ids), device=full.device)
+        outside = to_draft < 0
         if screen is None:
             screen = bf16_matmul_is_fast(full.device)
         if not screen or not bool(outside.any()):
-            return cls(full, draft_ids, in_vocab, None, 0.0, 0.0, in_row_norm)
+            return cls(full, draft_ids, to_draft, in_vocab, None, 0.0, 0.0, in_row_norm)
         exact = full[outside]  # [V - Vd, H]
         rounded = exact.to(torch.bfloat16)
-        rounding = float((rounded.float() - exact).norm(dim=-1).max())
-        row_norm = max(float(exact.norm(dim=-1).max()), float(rounded.float().norm(dim=-1).max()))
-        return cls(full, draft_ids, in_vocab, rounded, rounding, row_norm, in_row_norm)
+        widened = rounded.float()
+        rounding = float((widened - exact).norm(dim=-1).max())
+        row_norm = max(float(exact.norm(dim=-1).max()), float(widened.norm(dim=-1).max()))
+        return cls(full, draft_ids, to_draft, in_vocab, rounded, rounding, row_norm, in_row_norm)
 
     @property
     def vocab_size(self) -> int:
@@ -140,9 +144,7 @@ class TeacherHead:
 
     def draft_id_of(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Draft ids of target ids (any shape), -1 for those outside the draft vocab."""
-        to_draft = torch.full((self.vocab_size,), -1, dtype=torch.long, device=target_ids.device)
-        to_draft[self.draft_ids] = torch.arange(len(self.draft_ids), device=target_ids.device)
-        return to_draft[target_ids]
+        return self.to_draft[target_ids]
 
     def _exact_argmax(self, x: torch.Tensor) -> torch.Tensor:
         """Full-vocab float32 argmax of `x` `[n, H]` as a draft id (-1 outside), 512 rows at a time."""
