@@ -12,14 +12,14 @@ existing chain's units) train eagle3's draft; (2) speculators 0.9.0 (`speculator
 venv; on a CPU through scripts/speculators_cpu.py) trains an Eagle-3 draft on the same train split:
 the same token ids and trained positions, capture ids, vocab maps (the chain's d2t/t2d), TTT steps,
 epochs and tokens per batch, its eval split for validation. Its states are computed here by the same
-target in the same fp32 forward as the chain's hf extraction (speculators needs the final residual
-before the target's last norm, which eagle3's store does not keep); the captured states are rounded
-to bfloat16, as eagle3's store holds them. Everything else is speculators' own recipe (its defaults:
-Muon, linear schedule, its layer variants). (3) Its last-epoch checkpoint is converted into an
-eagle3 export and checked against speculators' own forward (same draft tokens); (4) both drafts are
-judged on the chain's held-out prompts: vLLM CPU (`stage=bench`, engine counters, per-position
-acceptance) at each K, and eagle3's in-process eval (simulated and real accept length, lossless
-check).
+target in the same forward (the chain's `model.dtype`) as the chain's hf extraction (speculators
+needs the final residual before the target's last norm, which eagle3's store does not keep); the
+captured states are rounded to bfloat16, as eagle3's store holds them. Everything else is
+speculators' own recipe (its defaults: Muon, linear schedule, its layer variants). (3) Its
+last-epoch checkpoint is converted into an eagle3 export and checked against speculators' own
+forward (same draft tokens); (4) both drafts are judged on the chain's held-out prompts: vLLM CPU
+(`stage=bench`, engine counters, per-position acceptance) at each K of `--vllm-ks` (default `--ks`),
+and eagle3's in-process eval (simulated and real accept length at each K of `--ks`, lossless check).
 
 Writes ROOT/side_by_side.json and ROOT/side_by_side.md; each step's logs under ROOT/logs.
 Rerunning reuses finished steps (the chain's units, speculators' checkpoints, bench units, in-process
@@ -128,7 +128,9 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
     records = [*read_jsonl(merged / SPLIT_FILES["train"]), *read_jsonl(merged / SPLIT_FILES["eval"])]
     n_train = sum(1 for _ in read_jsonl(merged / SPLIT_FILES["train"]))
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    # the dtype the chain's extraction ran the target in (model.dtype), so both states come from the same forward
+    dtype = getattr(torch, extract.extra["store_identity"]["target"]["dtype"])
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).eval()
     prenorm: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_pre_hook(lambda _m, args: prenorm.append(args[0].detach()))
     (out / "hidden_states").mkdir(parents=True, exist_ok=True)
@@ -141,7 +143,7 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
             # would be most of the forward on Gemma)
             states = model.model(input_ids=ids[None], output_hidden_states=True).hidden_states
             aux = [states[c][0].to(torch.bfloat16).float() for c in capture]  # what eagle3's store holds
-            stacked = torch.stack([*aux, prenorm[0][0]], dim=1)  # [T, C + 1, H]
+            stacked = torch.stack([*aux, prenorm[0][0].float()], dim=1)  # [T, C + 1, H]
             save_file({"hidden_states": stacked.contiguous(), "token_ids": ids},
                       str(out / "hidden_states" / f"hs_{i}.safetensors"))
             mask = list(rec["loss_mask"])
@@ -369,6 +371,8 @@ def main() -> None:
                         help="held-out prompts of the in-process real decoding (0: simulated τ only)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--ks", type=int, nargs="+", default=[3, 5])
+    parser.add_argument("--vllm-ks", type=int, nargs="+", default=None,
+                        help="the Ks vLLM judges at (default: --ks; the in-process judge keeps --ks)")
     parser.add_argument("--speculators-python", default=str(REPO / ".speculators-venv" / "bin" / "python"))
     parser.add_argument("--vllm-python", default=str(REPO / ".vllm-venv" / "bin" / "python"))
     parser.add_argument("--skip-vllm", action="store_true", help="in-process judging only")
@@ -379,6 +383,7 @@ def main() -> None:
     from eagle3.paths import asset_path
 
     target = args.target or str(asset_path("demo_target"))
+    vllm_ks = args.vllm_ks or args.ks
     results = root / "side_by_side.json"
     earlier = json.loads(results.read_text()) if results.is_file() else []
     rows: list[dict] = []
@@ -408,11 +413,11 @@ def main() -> None:
                                                  128, train_cfg)
             if not args.skip_vllm:
                 row[who]["vllm"] = {str(k): vllm_bench(root, chain_root, seed, args.overrides, path, k,
-                                                       args.vllm_python) for k in args.ks}
+                                                       args.vllm_python) for k in vllm_ks}
         rows.append(row)
         kept = [r for r in earlier if (r["seed"], r.get("epochs")) not in {(x["seed"], x["epochs"]) for x in rows}]
         results.write_text(json.dumps(kept + rows, indent=1))
-    write_table(root, json.loads(results.read_text()), args.ks, not args.skip_vllm)
+    write_table(root, json.loads(results.read_text()), sorted({*args.ks, *vllm_ks}), not args.skip_vllm)
 
 
 def _accept_length(judged: dict, source: str, k: int) -> float:

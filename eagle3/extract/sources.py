@@ -181,7 +181,8 @@ def _vllm_extraction_command(cfg: Eagle3Config, run_dir: Path) -> Any:
 @contextlib.contextmanager
 def extraction_servers(cfg: Eagle3Config, run_dir: Path) -> Iterator[list[str]]:
     """Base URLs of the extraction servers: `extract.server.urls`, or one launched for the block."""
-    from eagle3.serving.process import ServerProcess, check_health, records_dir
+    from eagle3.serving.health import check_health
+    from eagle3.serving.process import ServerProcess, records_dir
 
     server = cfg.extract.server
     if server.urls:

@@ -36,6 +36,9 @@ Flags:
   prefill vLLM rewinds a seeded request's generator with `get_offset()`, which a CPU generator
   does not have (`RuntimeError: CPU Generator does not use offset`, the engine dies), and stage
   generate seeds every request. Without chunking a prompt is prefilled in one step, never partly.
+  Every vLLM server gets `eagle3/serving/vllm_plugin` first on its PYTHONPATH: a `vllm.general_plugins`
+  entry point that gives EAGLE-3 to target classes vLLM leaves without it (Gemma 3 in 0.32), so it
+  serves their drafts and hands out their states (`vllm_plugin/eagle3_vllm_models.py`).
 
 `server.env` is applied last (a key there wins); `server.extra_args` are appended verbatim, and a
 flag of `eagle3.serving.rules.RULED_FLAGS` there (checked by the same rules) replaces the one the
@@ -101,6 +104,9 @@ __all__ = [
 ]
 
 IOMP_LIBRARY = Path("lib") / "libiomp5.so"
+#: eagle3's vLLM plugin (a module and the `.dist-info` naming it a `vllm.general_plugins` entry point):
+#: EAGLE-3 for the target classes vLLM leaves without it (eagle3_vllm_models.py). On every vLLM server's PYTHONPATH.
+VLLM_PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugin"
 CHUNKED_PREFILL = ("--enable-chunked-prefill", "--no-enable-chunked-prefill")  # vLLM's flag, on / off
 #: vLLM's CPU build, eager, on an MLA target (DeepSeek-V3, Kimi): its `rotary_embedding` custom op
 #: rotates MLA's rope dims wrongly (prompt log-probs off by up to 0.28, greedy output diverging at the
@@ -323,9 +329,10 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
     if fp32_mla_backend:
         argv += [ATTENTION_BACKEND, CPU_FP32_MLA_BACKEND]
     argv += [str(a) for a in server.extra_args]
-    env: dict[str, str] = {}
-    if hidden_states is not None:  # where the server imports the connector from (nothing else of ours)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (hidden_states.plugin_dir, os.environ.get("PYTHONPATH")) if p)
+    # Where the server imports eagle3's model plugin from (EAGLE-3 for Gemma 3, vllm_plugin/) and, when it
+    # extracts, the connector: nothing else of ours.
+    plugins = (*((hidden_states.plugin_dir,) if hidden_states is not None else ()), str(VLLM_PLUGIN_DIR))
+    env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(p for p in (*plugins, os.environ.get("PYTHONPATH")) if p)}
     if server.profile == CPU_PROFILE:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(server.vllm_cpu_kvcache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"

@@ -46,8 +46,9 @@ _POINTER = re.compile(r"\babove\b|root cause", re.IGNORECASE)
 KNOWN_CAUSES = (
     ("Model does not support EAGLE3 interface",  # vLLM 0.32's gpu_model_runner / eagle3_utils
      "this vLLM cannot capture the hidden states EAGLE-3 reads for the target's architecture (its model class "
-     "does not implement SupportsEagle3, e.g. Gemma 3 in vLLM 0.32), so it can neither serve an EAGLE-3 draft "
-     "for it nor extract its states: use extract.backend=hf and stage=eval's in-process speculative decoding"),
+     "does not implement SupportsEagle3, and eagle3's vLLM plugin, eagle3/serving/vllm_plugin, adds it for Gemma 3 "
+     "only), so it can neither serve an EAGLE-3 draft for it nor extract its states: use extract.backend=hf and "
+     "stage=eval's in-process speculative decoding"),
 )
 
 

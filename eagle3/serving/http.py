@@ -167,11 +167,22 @@ class Client:
             return Reply(resp.status, body, resp.headers)
 
     async def answer(self, method: str, url: str, *, json_body: Any = None, timeout: Timeout = 30.0) -> Reply:
-        """`request`, with "no response" (refused, timed out, cut) raised as one HTTPFailure."""
+        """`request`, with "no response" (refused, timed out, cut) raised as one HTTPFailure.
+
+        A connection the server closed without answering is tried once more, on a new connection:
+        servers drop kept-alive connections that sat idle (uvicorn after 5 s), and one picked from
+        the pool just as the server closes it is cut before the request is read, which aiohttp
+        reports as `ServerDisconnectedError` (it killed a vLLM benchmark on busy cores). The
+        requests sent this way are greedy or seeded, so a request that did reach the engine gives
+        the same answer twice.
+        """
         import aiohttp
 
         try:
-            return await self.request(method, url, json_body=json_body, timeout=timeout)
+            try:
+                return await self.request(method, url, json_body=json_body, timeout=timeout)
+            except aiohttp.ServerDisconnectedError:
+                return await self.request(method, url, json_body=json_body, timeout=timeout)
         except asyncio.TimeoutError:
             raise HTTPFailure(url, f"no answer within {_seconds(timeout)} s") from None
         except (aiohttp.ClientError, OSError) as exc:

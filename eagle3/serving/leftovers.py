@@ -42,6 +42,12 @@ def port_in_use(host: str, port: int) -> bool:
 
 def port_holder(port: int) -> Optional[str]:
     """`pid N (command line)` of the process listening on TCP `port`, when /proc shows it."""
+    pid = port_holder_pid(port)
+    return None if pid is None else f"pid {pid} ({_cmdline(pid)})"
+
+
+def port_holder_pid(port: int) -> Optional[int]:
+    """The pid of the process listening on TCP `port`, when /proc shows it."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
@@ -58,8 +64,26 @@ def port_holder(port: int) -> Optional[str]:
             for fd in (entry / "fd").iterdir():
                 with contextlib.suppress(OSError):
                     if os.readlink(fd) in inodes:
-                        return f"pid {entry.name} ({_cmdline(int(entry.name))})"
+                        return int(entry.name)
     return None
+
+
+def foreign_holder(port: int, group: int) -> Optional[str]:
+    """`pid N (command line)` of the process listening on `port` when it is not in process group `group`.
+
+    A launched server's start refuses a port already in use, but a server binds its port only when it
+    is ready (vLLM after loading and compiling, minutes later): another job's server launched on the
+    same port in between answers the health check first, ours then fails to bind, and the stage would
+    benchmark that other server (another target, another draft). None when the holder is in `group`
+    (the launched server: its own session, so its group is its pid) or /proc does not show it.
+    """
+    holder = port_holder_pid(port)
+    if holder is None:
+        return None
+    with contextlib.suppress(OSError):
+        if os.getpgid(holder) == group:
+            return None
+    return f"pid {holder} ({_cmdline(holder)})"
 
 
 def read_record(path: Path) -> Optional[dict[str, Any]]:

@@ -40,23 +40,21 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Optional, TextIO, Union
 
 from eagle3.artifacts.atomic import atomic_write_json
 from eagle3.config.schema import Eagle3Config, PathsConfig
-from eagle3.engines import HEALTH_PATHS
 from eagle3.errors import Eagle3Error
 from eagle3.serving import exits, leftovers, watchdog
 from eagle3.serving.commands import ServerCommand, build_command
 from eagle3.serving.exits import ServerError, ServerExited
-from eagle3.serving.http import HTTPFailure, request_sync
+from eagle3.serving.health import check_health, probe_health
 from eagle3.serving.machine import refuse_unservable
 
-__all__ = ["ServerError", "ServerExited", "ServerProcess", "check_health", "probe_health", "records_dir",
-           "server_endpoints"]
+__all__ = ["ServerError", "ServerExited", "ServerProcess", "records_dir", "server_endpoints"]
 
 log = logging.getLogger("eagle3")
 
@@ -66,38 +64,6 @@ TAIL_KEPT = 4000  # log lines kept in memory: a dead engine's traceback under it
 _EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 SERVERS_DIR = ".servers"  # under the artifact root: the records of launched servers
 _WATCHDOG_EXIT_S = 10.0  # how long a disarmed watchdog may take to exit
-
-
-def probe_health(url: str, paths: Sequence[str], timeout: float = 2.0) -> Optional[str]:
-    """The first of `paths` under `url` that answers 200, or None."""
-    for path in paths:
-        try:
-            if request_sync("GET", url.rstrip("/") + path, timeout=timeout).status == 200:
-                return path
-        except (HTTPFailure, ValueError):  # ValueError: not a URL aiohttp can send to
-            continue
-    return None
-
-
-def check_health(urls: Sequence[str], backend: str, timeout_s: float = 10.0, poll_s: float = 0.5) -> list[str]:
-    """Wait up to `timeout_s` for every URL to be healthy; the URLs (no trailing slash).
-
-    Raises:
-        ServerError: Naming every URL that never answered, in one line.
-    """
-    paths = HEALTH_PATHS[backend]
-    pending = [str(u).rstrip("/") for u in urls]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        pending = [u for u in pending if probe_health(u, paths) is None]
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(poll_s)
-    if pending:
-        raise ServerError(f"server.urls: {', '.join(pending)} -- no {backend} server answered "
-                          f"{' or '.join(paths)} with 200 within {timeout_s:g} s; start it, or drop "
-                          "server.urls to let eagle3 launch one")
-    return [str(u).rstrip("/") for u in urls]
 
 
 def records_dir(paths: PathsConfig) -> Path:
@@ -335,6 +301,7 @@ class ServerProcess:
                 raise self._exited_error(f"before {self.url} was healthy")
             path = probe_health(self.url, paths)
             if path is not None:
+                self._check_answered_by_ours()
                 return path
             if time.monotonic() >= deadline:
                 self.stop()
@@ -344,6 +311,18 @@ class ServerProcess:
                                   f"(server.startup_timeout_s); stopped it (log: {self.log_path}); "
                                   f"last lines: {exits.tail_text(self.tail())}")
             time.sleep(self.poll_s)
+
+    def _check_answered_by_ours(self) -> None:
+        """The health check was answered by our server's process group (`leftovers.foreign_holder`)."""
+        other = leftovers.foreign_holder(self.command.port, self._running.pid)
+        if other is None:
+            return
+        self.stop()
+        self._drain()
+        raise ServerError(f"server.port: {self.command.port} -- {other}, not the {self.command.backend} server this "
+                          f"job started, answered on {self.url} while ours was starting (another job's server on the "
+                          f"same port?); stopped ours (log: {self.log_path}); valid: a free server.port for each job "
+                          "that runs at the same time")
 
     def wait(self) -> None:
         """Hold while the server runs (until Ctrl-C); a server that exits is an error.

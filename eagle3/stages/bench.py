@@ -108,7 +108,8 @@ def resolve_bench_draft(config: Eagle3Config, ctx: StageContext, unit: str) -> O
 def _server(config: Eagle3Config, ctx: StageContext, mode: str, draft: Optional[Path]) -> Iterator[dict[str, Any]]:
     """`{"url", "command"}` of the server for `mode`, launched (and stopped) unless connecting."""
     from eagle3.serving.commands import build_command, launch_config
-    from eagle3.serving.process import ServerProcess, check_health, records_dir
+    from eagle3.serving.health import check_health
+    from eagle3.serving.process import ServerProcess, records_dir
 
     server = config.server
     if _connect_mode(config):

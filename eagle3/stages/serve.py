@@ -64,8 +64,9 @@ def serve(config: Eagle3Config, ctx: StageContext, out=None) -> list:
         out: Where the command line and URL are printed (default stdout).
     """
     from eagle3.serving.commands import build_command
+    from eagle3.serving.health import check_health
     from eagle3.serving.machine import refuse_unservable
-    from eagle3.serving.process import ServerProcess, check_health, records_dir
+    from eagle3.serving.process import ServerProcess, records_dir
 
     out = out or sys.stdout
     states = config.serve.hidden_states

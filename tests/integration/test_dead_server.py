@@ -79,7 +79,8 @@ def test_error_line_is_the_root_cause_not_a_wrapper_nor_an_access_line():
 
 
 def test_a_target_vllm_cannot_capture_for_gets_the_way_that_works_in_its_line():
-    """vLLM 0.32 refuses EAGLE-3 capture on Gemma 3 (no SupportsEagle3) with words that name an interface, not a fix."""
+    """vLLM 0.32 refuses EAGLE-3 capture on a target class without SupportsEagle3 (Gemma 3's, before eagle3's
+    vLLM plugin) with words that name an interface, not a fix."""
     lines = ["(EngineCore pid=9) ERROR 12-06 05:30:01 [core.py:1100] RuntimeError: Model does not support EAGLE3 "
              "interface but aux_hidden_state_outputs was requested",
              "(APIServer pid=8) ERROR 12-06 05:30:02 [core.py:9] RuntimeError: Engine core initialization failed. "

@@ -37,9 +37,10 @@ OPTION_ARGS = {
     "model/auto.yaml": ["model.path=${eagle3_asset:demo_target}"],
     # scripts/build_target.py makes the checkpoints on a machine that runs it; each one's own
     # config.json (copied from that build) stands for it here, so the experiments are checked
-    # against the real geometries (SmolLM2's 30 layers, Gemma 3's 18) on a fresh clone too.
+    # against the real geometries (SmolLM2's 30 layers, Gemma 3's 18, Qwen 2's 28) on a fresh clone too.
     "experiment/smollm2.yaml": [f"model.path={FIXTURES / 'smollm2_config'}"],
     "experiment/gemma3_270m.yaml": [f"model.path={FIXTURES / 'gemma3_270m_config'}"],
+    "experiment/qwen2_5_coder_1_5b.yaml": [f"model.path={FIXTURES / 'qwen2_5_coder_1_5b_config'}"],
     "variant/mla.yaml": ["model=demo_kimi"],  # MLA attention needs an MLA target
 }
 
@@ -54,8 +55,9 @@ def test_every_config_file_composes_and_validates(path: Path):
     assert header[1].startswith("# Usage: python scripts/run.py"), f"{path}: second line must show a command"
 
 
-# Keys a YAML may set to the schema's default: the option exists to say exactly that.
-REPEATS_ALLOWED = {("logger/none.yaml", "logger")}
+# Keys a YAML may set to the schema's default: the option exists to say exactly that (logger=none), or
+# it undoes what an option it starts from derives (model=auto reads float32 from the Qwen checkpoint).
+REPEATS_ALLOWED = {("logger/none.yaml", "logger"), ("experiment/qwen2_5_coder_1_5b.yaml", "model.dtype")}
 
 
 def _leaves(node, prefix=""):

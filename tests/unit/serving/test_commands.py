@@ -9,6 +9,7 @@ its path is tested by (docs/design.md, 'Facts: SGLang').
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,13 @@ from eagle3.draft.export import capture_layers_of, export_draft, validate_export
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target
 from eagle3.draft.model import Eagle3Draft
 from eagle3.paths import asset_path
-from eagle3.serving.commands import ServerConfigError, build_command, launch_config, sglang_command
+from eagle3.serving.commands import (
+    VLLM_PLUGIN_DIR,
+    ServerConfigError,
+    build_command,
+    launch_config,
+    sglang_command,
+)
 from eagle3.serving.rules import speculative_algorithm_error
 from eagle3.target_info import read_config as target_text_config
 from tests.conftest import compose_config
@@ -160,11 +167,16 @@ def test_vllm_cpu_demo_command(drafts):
         "--reasoning-parser", "kimi_k2", "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k2",
         "--speculative-config", spec, "--no-enable-chunked-prefill",
     ]
-    assert cmd.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-                       "LD_PRELOAD": "/opt/vllm-env/lib/libiomp5.so"}
+    # eagle3's vLLM plugin (EAGLE-3 for Gemma 3) comes first on the server's PYTHONPATH, the caller's after it
+    env = dict(cmd.env)
+    assert env.pop("PYTHONPATH").split(os.pathsep)[0] == str(VLLM_PLUGIN_DIR)
+    assert (VLLM_PLUGIN_DIR / "eagle3_vllm_models-0.dist-info" / "entry_points.txt").read_text().splitlines() == [
+        "[vllm.general_plugins]", "eagle3_models = eagle3_vllm_models:register"]
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                   "LD_PRELOAD": "/opt/vllm-env/lib/libiomp5.so"}
     assert cmd.health_paths == ("/health", "/v1/models")
-    assert cmd.shell().startswith("LD_PRELOAD=/opt/vllm-env/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=1 "
-                                  "VLLM_CPU_OMP_THREADS_BIND=nobind /opt/vllm-env/bin/python -m ")
+    assert cmd.shell().startswith("LD_PRELOAD=/opt/vllm-env/lib/libiomp5.so PYTHONPATH=")
+    assert " VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind /opt/vllm-env/bin/python -m " in cmd.shell()
     assert f"--speculative-config '{spec}'" in cmd.shell()  # pasteable: the JSON is quoted
 
 
@@ -173,6 +185,7 @@ def test_without_speculation_no_draft_flags_but_the_same_cpu_environment():
     assert "--speculative-config" not in vllm.argv
     # The baseline of a benchmark runs in the speculative server's environment: without Intel's
     # OpenMP preloaded the target alone decodes ~10x slower on vllm-cpu, faking a speedup.
+    assert vllm.env.pop("PYTHONPATH").split(os.pathsep)[0] == str(VLLM_PLUGIN_DIR)
     assert vllm.env == {"LD_PRELOAD": "/opt/vllm-env/lib/libiomp5.so", "VLLM_CPU_KVCACHE_SPACE": "1",
                         "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     sglang = command_for(["server=sglang", "server.speculative.algorithm=null"])

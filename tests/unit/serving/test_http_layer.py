@@ -103,3 +103,40 @@ def test_url_helpers():
         "http://localhost:30000/v1")
     assert not is_loopback_url("http://10.0.0.5:30000") and not is_loopback_url("http://example.com")
     assert models_url("http://h:1/v1/") == models_url("http://h:1") == "http://h:1/v1/models"
+
+
+def test_a_connection_the_server_closes_unanswered_is_tried_once_more():
+    """A kept-alive connection dropped by the server as the request goes out (aiohttp's
+    ServerDisconnectedError): the request is sent again on a new connection, once."""
+    answered, cut = [], []
+
+    async def scenario(cuts: int):
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            if len(cut) < cuts:  # read the request, close without a byte of answer
+                cut.append(1)
+                writer.close()
+                return
+            answered.append(1)
+            body = b'{"ok": true}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+        try:  # a POST, as completions are (aiohttp itself retries some idempotent GETs)
+            async with Client() as client:
+                return await client.get_json("POST", url, json_body={"prompt": [1, 2]}, timeout=10)
+        finally:
+            server.close()
+
+    assert asyncio.run(scenario(cuts=1)) == {"ok": True} and len(cut) == 1 and len(answered) == 1
+    cut.clear()
+    with pytest.raises(HTTPFailure) as failure:  # cut twice: a real failure, one line
+        asyncio.run(scenario(cuts=2))
+    assert "ServerDisconnectedError" in str(failure.value) and "\n" not in str(failure.value)
+    assert len(cut) == 2 and len(answered) == 1

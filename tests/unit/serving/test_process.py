@@ -25,7 +25,8 @@ import pytest
 
 from eagle3.paths import PROJECT_ROOT
 from eagle3.serving.commands import ServerCommand
-from eagle3.serving.process import ServerError, ServerProcess, check_health, server_endpoints
+from eagle3.serving.health import check_health
+from eagle3.serving.process import ServerError, ServerProcess, server_endpoints
 from eagle3.stages import StageContext
 from eagle3.stages.base import MissingInput
 from eagle3.stages.serve import serve
@@ -45,6 +46,8 @@ CHILD = textwrap.dedent('''
         pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
     with open(pid_file, "w") as fh:
         fh.write(" ".join(map(str, pids)))
+    if mode == "never_binds":  # a server still loading: its port is not bound yet
+        time.sleep(600)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -473,3 +476,28 @@ def test_a_port_held_by_another_program_is_refused_naming_it(child, tmp_path):
         holder.wait()
     assert str(info.value).startswith(f"server.port: {cmd.port} -- pid {holder.pid} ({sys.executable} -c import "
                                       f"socket") and "already listens on" in str(info.value)
+
+
+def test_a_server_of_another_job_that_binds_the_port_first_is_not_taken_for_ours(child, tmp_path):
+    """vLLM binds its port only once loaded: another job's server on the same port can answer first."""
+    ours = child("never_binds")
+    server = ServerProcess(ours, tmp_path / "s.log", startup_timeout_s=HANG_GUARD_S, poll_s=0.1,
+                           records_dir=_records(tmp_path))
+    server.start()
+    script = tmp_path / "fake_server.py"
+    other = subprocess.Popen([sys.executable, str(script), "ok", str(ours.port), str(tmp_path / "other_pids")],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert other.stdout.readline().startswith("fake server ok starting")
+        with pytest.raises(ServerError) as info:
+            server.wait_healthy()
+        ours_pids = child.pids()
+    finally:
+        server.stop()
+        other.kill()
+        other.wait()
+    message = str(info.value)
+    assert message.startswith(f"server.port: {ours.port} -- pid {other.pid} ({sys.executable} {script} ok")
+    assert f"not the sglang server this job started, answered on {server.url}" in message
+    assert "valid: a free server.port for each job that runs at the same time" in message and "\n" not in message
+    assert all_dead(ours_pids)  # ours was stopped, not left loading
