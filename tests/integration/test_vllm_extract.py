@@ -67,6 +67,19 @@ def _store_states(manifest: Manifest) -> dict[str, tuple]:
     return {r["id"]: store.load(r["key"]) for r in read_jsonl(Path(manifest.dir) / "keys.jsonl")}
 
 
+def store_errors(hf: Manifest, vllm: Manifest) -> dict[str, float]:
+    """The largest absolute difference of the two units' aux and final states, sample by sample (same ids, shapes)."""
+    a, b = _store_states(hf), _store_states(vllm)
+    assert a.keys() == b.keys() and len(a) == hf.counts["out"]
+    errors = {"aux": 0.0, "final": 0.0}
+    for sample_id, (aux, final, ids) in a.items():
+        v_aux, v_final, v_ids = b[sample_id]
+        assert torch.equal(ids, v_ids) and aux.shape == v_aux.shape and final.shape == v_final.shape
+        errors["aux"] = max(errors["aux"], (aux - v_aux).abs().max().item())
+        errors["final"] = max(errors["final"], (final - v_final).abs().max().item())
+    return errors
+
+
 @pytest.mark.budget(240)  # measured: see BENCHMARKS.md, the CI suite's wall time
 def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     root, python = chain
@@ -86,14 +99,7 @@ def test_vllm_store_equals_the_hf_store_and_trains_the_same_draft(chain):
     incoming = Path(vllm.extra["store_dir"]).parent / ".incoming"
     assert incoming.is_dir() and not any(incoming.rglob("*.safetensors")), "server files left behind"
 
-    a, b = _store_states(hf), _store_states(vllm)
-    assert a.keys() == b.keys() and len(a) == hf.counts["out"]
-    errors = {"aux": 0.0, "final": 0.0}
-    for sample_id, (aux, final, ids) in a.items():
-        v_aux, v_final, v_ids = b[sample_id]
-        assert torch.equal(ids, v_ids) and aux.shape == v_aux.shape and final.shape == v_final.shape
-        errors["aux"] = max(errors["aux"], (aux - v_aux).abs().max().item())
-        errors["final"] = max(errors["final"], (final - v_final).abs().max().item())
+    errors = store_errors(hf, vllm)
     print(f"vllm vs hf fp32 store: max abs error {errors}")
     assert errors["aux"] <= FP32_TOLERANCE and errors["final"] <= FP32_TOLERANCE, errors
 

@@ -11,11 +11,10 @@ layers beside a full one (tests/gemma3_target.py). Needs `tests.vllm_env`'s envi
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.conftest import SMALL_DEMO_DATA, run_cli
 from tests.gemma3_target import build_tiny_gemma3
-from tests.integration.test_vllm_extract import FP32, FP32_TOLERANCE, _extract_unit, _store_states
+from tests.integration.test_vllm_extract import FP32, FP32_TOLERANCE, _extract_unit, store_errors
 from tests.vllm_env import assert_stopped, free_port, launch_overrides, vllm_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_process]
@@ -46,13 +45,6 @@ def test_vllm_hands_out_a_gemma3_targets_states_as_transformers_computes_them(tm
     assert_stopped(port)
     hf, vllm = _extract_unit(root, "hf"), _extract_unit(root, "vllm")
     assert hf.counts == vllm.counts and vllm.counts["out"] == vllm.counts["in"] > 0
-    a, b = _store_states(hf), _store_states(vllm)
-    assert a.keys() == b.keys()
-    worst = {"aux": 0.0, "final": 0.0}
-    for sample_id, (aux, final, ids) in a.items():
-        v_aux, v_final, v_ids = b[sample_id]
-        assert torch.equal(ids, v_ids) and aux.shape == v_aux.shape and final.shape == v_final.shape
-        worst["aux"] = max(worst["aux"], (aux - v_aux).abs().max().item())
-        worst["final"] = max(worst["final"], (final - v_final).abs().max().item())
+    worst = store_errors(hf, vllm)
     print(f"gemma3: vllm vs hf fp32 store: max abs error {worst}")
     assert worst["aux"] <= FP32_TOLERANCE and worst["final"] <= FP32_TOLERANCE, worst
