@@ -116,6 +116,7 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
 
     from eagle3.artifacts import read_jsonl
     from eagle3.data.mixture import SPLIT_FILES
+    from eagle3.dtypes import torch_dtype
 
     train = Manifest.load(train_unit)
     extract = Manifest.load(train.inputs["extract"]["path"])
@@ -129,7 +130,7 @@ def write_speculators_data(train_unit: Path, target: str, out: Path) -> dict[str
     n_train = sum(1 for _ in read_jsonl(merged / SPLIT_FILES["train"]))
     started = time.perf_counter()
     # the dtype the chain's extraction ran the target in (model.dtype), so both states come from the same forward
-    dtype = getattr(torch, extract.extra["store_identity"]["target"]["dtype"])
+    dtype = torch_dtype(extract.extra["store_identity"]["target"]["dtype"])
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype).eval()
     prenorm: list[torch.Tensor] = []
     hook = model.model.norm.register_forward_pre_hook(lambda _m, args: prenorm.append(args[0].detach()))

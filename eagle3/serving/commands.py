@@ -331,8 +331,9 @@ def vllm_command(cfg: Eagle3Config, draft: Optional[PathLike] = None,
     argv += [str(a) for a in server.extra_args]
     # Where the server imports eagle3's model plugin from (EAGLE-3 for Gemma 3, vllm_plugin/) and, when it
     # extracts, the connector: nothing else of ours.
-    plugins = (*((hidden_states.plugin_dir,) if hidden_states is not None else ()), str(VLLM_PLUGIN_DIR))
-    env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(p for p in (*plugins, os.environ.get("PYTHONPATH")) if p)}
+    connector = hidden_states.plugin_dir if hidden_states is not None else None
+    path = (connector, str(VLLM_PLUGIN_DIR), os.environ.get("PYTHONPATH"))
+    env: dict[str, str] = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
     if server.profile == CPU_PROFILE:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(server.vllm_cpu_kvcache_gb)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
