@@ -22,19 +22,61 @@ ADAMW_NAME_HINTS = ("lm_head", "embed_tokens")
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
+#: A matrix at least this many times wider than tall (after transposing a tall one) iterates on its
+#: Gram matrix (`_gram_newton_schulz`): ~1.65x fewer FLOPs for a draft MLP's hidden x 5.8 hidden, none
+#: saved below ~1.7 (q_proj's 2:1 is break-even, square ones cost more).
+GRAM_MIN_ASPECT = 1.7
+#: Gram-space iterations between two re-formings of the matrix and its Gram: the Gram product
+#: squares the condition number, so in bfloat16 five iterations from one Gram blow small singular
+#: values up to ~15 on a power-law spectrum; re-formed after three they stay as close to the exact
+#: iteration as the direct one (tests/unit/draft/test_optim.py).
+GRAM_RESTART_EVERY = 3
+
+
 def orthogonalize(update: torch.Tensor, steps: int, eps: float = 1e-7,
                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Approximately U V^T of `update = U S V^T` (`[rows, cols]`), by Newton-Schulz iteration in `dtype`."""
-    a, b, c = NS_COEFFICIENTS
     x = update.float()
     x = (x / x.norm().clamp(min=eps)).to(dtype)  # spectral norm <= 1
     tall = x.shape[0] > x.shape[1]
     if tall:
         x = x.T  # iterate on the wide side: [min, max]
+    if x.shape[1] >= GRAM_MIN_ASPECT * x.shape[0]:
+        x = _gram_newton_schulz(x, steps)
+    else:
+        x = _newton_schulz(x, steps)
+    return (x.T if tall else x).to(update.dtype)
+
+
+def _newton_schulz(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """X <- a X + (b A + c A^2) X with A = X X^T, on `x` [min, max]: 2 min^2 max + min^3 per step."""
+    a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
         gram = x @ x.T  # [min, min]
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.T if tall else x).to(update.dtype)
+    return x
+
+
+def _gram_newton_schulz(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """The same iteration carried on [min, min] matrices: X_k = Q_k X_0, one [min, max] product per re-forming.
+
+    With P = a I + b A + c A^2 (a polynomial in A, so symmetric and commuting with it), the step
+    X' = P X gives A' = P A P = A P^2: the Gram and the accumulated Q evolve without touching X.
+    """
+    a, b, c = NS_COEFFICIENTS
+    q: torch.Tensor | None = None
+    gram = x @ x.T  # [min, min]
+    for step in range(steps):
+        if step and step % GRAM_RESTART_EVERY == 0:
+            assert q is not None
+            x, q = q @ x, None
+            gram = x @ x.T
+        poly = torch.add(b * gram, gram @ gram, alpha=c)
+        poly.diagonal().add_(a)
+        q = poly if q is None else poly @ q
+        if step + 1 < steps and (step + 1) % GRAM_RESTART_EVERY:
+            gram = gram @ (poly @ poly)
+    return x if q is None else q @ x
 
 
 def is_muon_param(name: str, param: torch.Tensor) -> bool:
@@ -126,4 +168,4 @@ class MuonAdamW(torch.optim.Optimizer):
         p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1 ** step))
 
 
-__all__ = ["ADAMW_NAME_HINTS", "MuonAdamW", "is_muon_param", "orthogonalize"]
+__all__ = ["ADAMW_NAME_HINTS", "GRAM_MIN_ASPECT", "MuonAdamW", "is_muon_param", "orthogonalize"]
