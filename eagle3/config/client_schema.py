@@ -130,7 +130,9 @@ class ExtractConfig:
     # (extract.server: launched for the job, or running at its urls).
     backend: str = setting("hf", ExtractBackend)
     storage_format: str = setting("bf16", StorageFormat)  # eagle3.states.formats (compact: int8, top-k teacher)
-    batch_tokens: int = setting(8192, gt=0)
+    # Padded tokens per forward; null = eagle3.extract.sources.extraction_batch_tokens (2,048 for the hf
+    # backend on a CPU, where large batches leave the caches; 8,192 on a GPU or through a server).
+    batch_tokens: Optional[int] = setting(None, gt=0)
     shard: int = 0
     num_shards: int = setting(1, gt=0)
     disk_margin_gb: float = setting(5.0, ge=0)

@@ -27,7 +27,7 @@ from eagle3.artifacts import Manifest, StageOutput
 from eagle3.draft.options import COMPUTING_MODES
 from eagle3.extract.preflight import plan_report
 from eagle3.extract.runner import UnitJob, run_extraction
-from eagle3.extract.sources import open_states
+from eagle3.extract.sources import extraction_batch_tokens, open_states
 from eagle3.extract.summary import lost_samples, unit_summary
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.intake import Intake
@@ -87,7 +87,7 @@ def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
         # attention kernels block differently per shape, so the budget does shape this unit's
         # results. The store stays shared across budgets on purpose: those differences are far
         # below the bf16/fp8 storage step, and re-extracting per budget would defeat reuse.
-        "batch_tokens": config.extract.batch_tokens,
+        "batch_tokens": extraction_batch_tokens(config.extract),
         "format": FORMAT_VERSION,
     }
 
@@ -114,7 +114,8 @@ def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutp
     merged = _unit_inputs(config, ctx, unit)["merged"]
     ex = config.extract
     job = UnitJob(merged_dir=merged.directory, store_dir=store_dir(config), spec=store_spec(config), shard=ex.shard,
-                  num_shards=ex.num_shards, batch_tokens=ex.batch_tokens, vocab_size=config.model.vocab_size,
+                  num_shards=ex.num_shards, batch_tokens=extraction_batch_tokens(ex),
+                  vocab_size=config.model.vocab_size,
                   disk_margin_gb=ex.disk_margin_gb, assume_free_bytes=ex.assume_free_bytes,
                   open_source=lambda: open_states(config, ctx.run_dir),
                   teacher_head=teacher_head_loader(config))

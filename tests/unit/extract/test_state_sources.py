@@ -15,7 +15,8 @@ from eagle3.cli import check_config
 from eagle3.config.convert import to_settings
 from eagle3.config.client_schema import ExtractHTTPConfig
 from eagle3.extract import vllm_connector
-from eagle3.extract.sources import PLUGIN_MODULE, exchange_dir, extraction_command, vllm_layer_ids
+from eagle3.extract.sources import (PLUGIN_MODULE, exchange_dir, extraction_batch_tokens, extraction_command,
+                                     vllm_layer_ids)
 from eagle3.extract.vllm_client import VLLMStates
 from eagle3.paths import PROJECT_ROOT
 from eagle3.target.weights import load_final_norm, rms_norm
@@ -211,3 +212,15 @@ def test_an_sglang_answer_that_does_not_fit_the_prompt_is_a_reject(answer, reaso
     got = source._convert([1, 2, 3], answer, "http://h/generate")
     assert got[0] == reason and text in got[1] and "http://h/generate" in got[1], got
     source.close()
+
+
+@pytest.mark.parametrize("backend, cuda, want", [("hf", False, 2048), ("hf", True, 8192), ("vllm", False, 8192),
+                                                 ("sglang", False, 8192)])
+def test_extraction_batches_default_to_what_the_device_runs_fastest(monkeypatch, backend, cuda, want):
+    """On a CPU large in-process batches leave the caches (BENCHMARKS: 1.05-1.31x slower at 8,192)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    cfg = to_settings(compose_config([f"extract.backend={backend}"]))
+    assert cfg.extract.batch_tokens is None
+    assert extraction_batch_tokens(cfg.extract) == want
+    pinned = to_settings(compose_config([f"extract.backend={backend}", "extract.batch_tokens=96"]))
+    assert extraction_batch_tokens(pinned.extract) == 96

@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
+import eagle3.extract.runner as runner
 import eagle3.stages.extract as extract_stage
 import eagle3.states.writer as writer_mod
 import eagle3.target.decoder as extract_target
 from eagle3.artifacts import Manifest, StageOutput, file_sha256, read_jsonl
 from eagle3.errors import EXIT_NO_SPACE, Eagle3Error, no_space_cause, no_space_line
 from eagle3.extract.preflight import DiskSpaceError
+from eagle3.extract.sources import CPU_EXTRACT_BATCH_TOKENS
 from eagle3.paths import PROJECT_ROOT
 from eagle3.stages.base import StageContext, UnitStage
 from eagle3.stages.merge import MERGE
@@ -132,6 +134,18 @@ def test_stored_states_are_the_targets_hidden_states_and_manifest_pins_engine_id
         assert torch.equal(item["aux"], torch.cat([hs[i][0] for i in CAPTURE], dim=-1))  # bit for bit
         assert torch.equal(item["final"], hs[-1][0])
         assert item["loss_mask"].tolist() == record["loss_mask"] and item["id"] == record["id"]
+
+
+def test_a_null_budget_extracts_in_the_cpu_batches_and_keys_the_unit_by_them(target_dir, tmp_path, monkeypatch):
+    planned = []
+    real = runner.plan_batches
+    monkeypatch.setattr(runner, "plan_batches", lambda lengths, budget: planned.append(budget) or real(lengths, budget))
+    records = make_records(12)
+    cfg = config(target_dir, tmp_path, "extract.batch_tokens=null")
+    write_merge(cfg, tmp_path, records[:8], records[8:])
+    manifest = run(cfg, tmp_path)
+    assert manifest.status == "complete" and manifest.counts["out"] == 12
+    assert planned == [CPU_EXTRACT_BATCH_TOKENS] and manifest.config["batch_tokens"] == CPU_EXTRACT_BATCH_TOKENS
 
 
 def test_smaller_scale_after_larger_extracts_nothing_and_loads_no_model(target_dir, tmp_path, monkeypatch):
