@@ -24,7 +24,7 @@ NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 #: A matrix at least this many times wider than tall (after transposing a tall one) iterates on its
 #: Gram matrix (`_gram_newton_schulz`): ~1.65x fewer FLOPs for a draft MLP's hidden x 5.8 hidden, none
-#: saved below ~1.7 (q_proj's 2:1 is break-even, square ones cost more).
+#: saved below ~1.7 (q_proj's 2:1 gains little, square ones cost more).
 GRAM_MIN_ASPECT = 1.7
 #: Gram-space iterations between two re-formings of the matrix and its Gram: the Gram product
 #: squares the condition number, so in bfloat16 five iterations from one Gram blow small singular

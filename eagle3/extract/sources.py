@@ -48,7 +48,7 @@ SGLANG_PLUGIN_MODULE = "eagle3_sglang_capture"  # the capture plugin's module na
 INCOMING_DIR = ".incoming"
 #: Padded tokens per extraction forward when `extract.batch_tokens` is null. On a CPU the hf backend runs
 #: 1.05-1.31x faster at 2,048 than at 8,192 (chosen on the demo, SmolLM2 and gemma-3-270m; confirmed on
-#: Qwen2.5-Coder-1.5B, 1.23x: BENCHMARKS.md "Hidden-state extraction per backend"): a batch's MLP
+#: Qwen2.5-Coder-1.5B, 1.23x: BENCHMARKS.md "The batch budget on a CPU"): a batch's MLP
 #: activations stay in the caches. A GPU, or a server batching the requests itself, wants big batches.
 CPU_EXTRACT_BATCH_TOKENS, EXTRACT_BATCH_TOKENS = 2048, 8192
 
