@@ -39,6 +39,7 @@ from eagle3.config.choices import (
     Strategy,
     Teacher,
     Track,
+    TttChains,
 )
 from eagle3.config.client_schema import ExtractConfig, GenerateConfig
 from eagle3.config.fields import run_field, setting, speed_field, use_field
@@ -244,6 +245,9 @@ class TrainConfig:
     # dpace: each step's acceptance a enters as (1 - s) a + s, so a chain the draft still misses keeps
     # weight on its later steps (speculators' --dpace-alpha, default 0.5; 0 = the raw derivative)
     dpace_smoothing: float = setting(0.5, ge=0, le=1, why="a step's acceptance a enters D-PACE as (1 - s) a + s")
+    # all = every TTT step trains every chain | on_policy = a step trains only the chains whose drafted
+    # tokens so far were the data's (the draft's own inputs; eagle3.draft.options)
+    ttt_chains: str = setting("all", TttChains)
     # Gaussian noise on the captured states while training, std = this x each captured layer's
     # per-token RMS (0 = none): the draft reads its own drifting features at serving time.
     state_noise: float = setting(0.0, ge=0, lt=10, why="noise std as a multiple of the states' RMS")

@@ -14,6 +14,7 @@ from eagle3.config.choices import (  # noqa: F401  (re-exported with the names t
     STEP_WEIGHTS,
     STRATEGIES,
     TEACHERS,
+    TTT_CHAINS,
 )
 
 # Re-exported: the draft's layer variants are engine facts, kept below config (see below).
@@ -43,6 +44,11 @@ LK_ETA = 3.0
 #: sum_{m >= k} prod_{j <= m} a_j over its own draft chain (a_j = that step's alpha, detached), so the
 #: positions that currently limit acceptance get the signal; `train.ttt_decay` is then unused.
 STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE = "decay", "dpace"
+#: `train.ttt_chains`, which chains a TTT step after the first trains: all = every chain, reading the
+#: data's token whatever the draft drafted before (EAGLE-3's TTT); on_policy = only the chains whose
+#: drafted tokens so far were the data's, the states a served draft reaches reading its own tokens
+#: (eagle3.draft.chains.OnPolicyChains: the rest would need the target to re-score the draft's prefix).
+TTT_CHAINS_ALL, TTT_CHAINS_ON_POLICY = "all", "on_policy"
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
 #: `train.hidden_states`: read from the store stage extract filled, computed per batch while training,
 #: or hybrid: computed the first time a sample is fetched, stored, and read afterwards.

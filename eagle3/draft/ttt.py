@@ -23,6 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import TTTAttention
+from eagle3.draft.chains import ALPHA_FLOOR, OnPolicyChains, dpace_losses
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import (
     LK_ETA,
@@ -35,6 +36,8 @@ from eagle3.draft.options import (
     OUT_OF_VOCAB_POLICIES,
     STEP_WEIGHTS,
     STEP_WEIGHTS_DPACE,
+    TTT_CHAINS,
+    TTT_CHAINS_ON_POLICY,
 )
 from eagle3.draft.teacher_head import TeacherHead
 
@@ -310,10 +313,6 @@ class _SoftTargetLoss(torch.autograd.Function):
         return grad * grad_rows.to(grad.dtype).unsqueeze(-1), None, None, None, None, None, None
 
 
-#: alpha below this counts as this in nla's -log alpha (a draft with no overlap at all).
-ALPHA_FLOOR = 1e-6
-
-
 def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, rows: torch.Tensor,
                 neg_entropy: torch.Tensor, weight: torch.Tensor, loss: str, want_alpha: bool
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,24 +321,12 @@ def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, ro
     return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss, want_alpha)
 
 
-def dpace_weights(alpha: torch.Tensor, counted: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
-    """`[K, B, T]` D-PACE weights from each step's alpha `[K, B, T]` at each chain start (b, t).
-
-    The expected accepted length of the chain drafted from (b, t) is sum_m prod_{j<=m} a_j; its
-    derivative with respect to log a_k is sum_{m>=k} prod_{j<=m} a_j, the weight of step k. Each a_j
-    is smoothed to (1 - s) alpha_j + s, so a chain the draft still misses keeps weight on its later
-    steps; a step that does not count (`counted` false: past the sample, or a prompt token) passes
-    the product on unchanged and adds no term.
-    """
-    smooth = torch.where(counted, (1.0 - smoothing) * alpha + smoothing, torch.ones_like(alpha))
-    reach = torch.cumprod(smooth, dim=0) * counted  # [K, B, T] prod_{j<=m} a_j, at the steps that count
-    return reach.flip(0).cumsum(0).flip(0) * counted  # sum over m >= k
-
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
                 step_weights: str = STEP_WEIGHTS[0], dpace_smoothing: float = 0.0,
-                positions: torch.Tensor | None = None, segment_ends: torch.Tensor | None = None) -> TTTOutput:
+                ttt_chains: str = TTT_CHAINS[0], positions: torch.Tensor | None = None,
+                segment_ends: torch.Tensor | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
@@ -352,6 +339,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
         lengths: `[B]` real lengths (positions beyond are padding).
         teacher: From `teacher_targets` over the same batch (at least `teacher_positions`).
+        ttt_chains: `train.ttt_chains`: all, or on_policy (`eagle3.draft.chains.OnPolicyChains`).
         positions / segment_ends: Packed rows (`eagle3.draft.packing.collate_packed`), `[B, T]`:
             each token's position in its sample and the row index where its sample ends. None:
             one sample per row, at positions 0, 1, ...
@@ -362,6 +350,8 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         raise ValueError(f"train.loss={loss!r}; valid: {', '.join(LOSSES)}")
     if step_weights not in STEP_WEIGHTS:
         raise ValueError(f"train.step_weights={step_weights!r}; valid: {', '.join(STEP_WEIGHTS)}")
+    if ttt_chains not in TTT_CHAINS:
+        raise ValueError(f"train.ttt_chains={ttt_chains!r}; valid: {', '.join(TTT_CHAINS)}")
     dpace = step_weights == STEP_WEIGHTS_DPACE
     bsz, seq = input_ids.shape
     device = input_ids.device
@@ -373,6 +363,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     if positions is not None and segment_ends is not None:
         ends, starts, rope_pos = segment_ends, pos - positions, positions  # [B, T] each
     attention = TTTAttention(draft.geometry.num_layers, block_size, starts)
+    on_policy = OnPolicyChains(bsz, seq, device) if ttt_chains == TTT_CHAINS_ON_POLICY else None
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
     neg_entropy = teacher.neg_entropy
@@ -401,6 +392,8 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target = teacher.argmax[b_idx, t_idx + shift]  # [N]
         rows = teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
+        if on_policy is not None:
+            weight = weight & on_policy.keep(b_idx, t_idx)
         args = (draft, state[b_idx, t_idx], teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
@@ -416,32 +409,13 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             losses.append(loss_k * decay ** k)
         step_loss.append(loss_k.detach())
         correct.append((pred == target).sum())
+        if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
+            on_policy.advance(b_idx, t_idx, draft.draft_ids()[pred], input_ids[b_idx, t_idx + shift + 1])
         counted.append(count.sum())
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)
     if dpace and chains:
-        losses = _dpace_losses(chains, bsz, seq, dpace_smoothing)
+        losses = dpace_losses(chains, bsz, seq, dpace_smoothing)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
                      loss_tokens=torch.stack(loss_tokens))
-
-
-def _dpace_losses(chains: list[tuple[torch.Tensor, ...]], bsz: int, seq: int, smoothing: float) -> list[torch.Tensor]:
-    """Each step's D-PACE-weighted loss from its rows `(b, t, row_loss, alpha)`.
-
-    Weights are relative to step 0's (their sum over step 0's rows is that step's loss-token count),
-    so a step-0-only chain trains as plain KL would and the total keeps the scale of `decay`'s.
-    """
-    alpha = torch.zeros(len(chains), bsz, seq, device=chains[0][0].device)  # [K, B, T]
-    counted = torch.zeros(len(chains), bsz, seq, dtype=torch.bool, device=alpha.device)
-    for k, (b_idx, t_idx, _, a) in enumerate(chains):
-        alpha[k, b_idx, t_idx] = a.detach().float()  # 0 at an out-of-vocab target: a miss
-        counted[k, b_idx, t_idx] = True
-    weights = dpace_weights(alpha, counted, smoothing)
-    first = chains[0]
-    scale = (first[3] > 0).sum().clamp(min=1) / weights[0, first[0], first[1]].sum().clamp_min(ALPHA_FLOOR)
-    losses = []
-    for k, (b_idx, t_idx, row_loss, _) in enumerate(chains):
-        w = weights[k, b_idx, t_idx] * scale
-        losses.append((row_loss * w.to(row_loss.dtype)).sum() / (first[3] > 0).sum().clamp(min=1))
-    return losses

@@ -145,12 +145,18 @@ def dense_attends(num_layers: int) -> list:
     return [partial(attend, layer) for layer in range(num_layers)]
 
 
-def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
-    """Token-by-token reference: explicit per-position states and a dense attention per step."""
+def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay, on_policy=False, live=None):
+    """Token-by-token reference: explicit per-position states and a dense attention per step.
+
+    on_policy: a chain start t trains at step k only if at every earlier counted step its argmax,
+    as a target id, was the data's token (the token the next step reads); `live` collects, per step,
+    how many chains trained.
+    """
     seq = ids.shape[1]
     hidden = draft.project(aux)
     attends = dense_attends(draft.geometry.num_layers)
     total = 0.0
+    alive = [True] * seq
     for k in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, :seq - 1 - k] = ids[:, 1 + k:]
@@ -159,10 +165,16 @@ def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay):
         terms, n = 0.0, 0
         for t in range(seq):
             j = t + k + 2
-            if j < seq and mask[0, j] and teacher.argmax[0, t + 1 + k] >= 0:
+            if j < seq and mask[0, j] and teacher.argmax[0, t + 1 + k] >= 0 and (alive[t] or not on_policy):
                 p = teacher.at(0, t + 1 + k)
                 terms = terms + (torch.xlogy(p, p) - p * logq[0, t]).sum()
                 n += 1
+        for t in range(seq):
+            j = t + k + 2
+            if j < seq and mask[0, j]:
+                alive[t] = alive[t] and int(draft.draft_ids()[logq[0, t].argmax()]) == int(ids[0, j])
+        if live is not None:
+            live.append(n)
         total = total + decay ** k * terms / max(n, 1)
         hidden = state
     return total
@@ -188,6 +200,41 @@ def test_ttt_forward_matches_token_by_token_reference(num_layers):
     for fast_grad, ref_grad in zip(g_fast, g_ref, strict=True):
         assert torch.allclose(fast_grad, ref_grad, atol=1e-5)
         assert fast_grad.abs().max() > 0  # every layer trains
+
+
+def test_on_policy_chains_train_only_where_the_draft_drafted_the_datas_tokens():
+    """train.ttt_chains=on_policy: step k trains chain t only if steps < k drafted the tokens the data
+    continues with (what a served draft would read), against the token-by-token reference."""
+    draft, head = tiny_draft(3)
+    torch.manual_seed(4)
+    seq = 16
+    in_vocab = torch.tensor([0, 2, 3, 7, 11])
+    ids = in_vocab[torch.randint(0, 5, (1, seq))]
+    mask = torch.tensor([[0, 0, 0] + [1] * 13])
+    aux, final = torch.randn(1, seq, 24), torch.randn(1, seq, 8)
+    with torch.no_grad():  # every third chain's next token is the one step 0 drafts (causal: t reads ids <= t+1)
+        hidden = draft.project(aux)
+        for t in range(2, seq - 2, 3):
+            tokens = torch.zeros_like(ids)
+            tokens[:, :seq - 1] = ids[:, 1:]
+            state = draft.step(hidden, tokens, torch.arange(seq), dense_attends(1))
+            ids[0, t + 2] = draft.draft_ids()[draft.logits(state)[0, t].argmax()]
+    teacher = teacher_targets(final, head, draft.draft_ids())
+    kw = dict(steps=4, decay=0.8, out_of_vocab="mask", block_size=3)
+    fast = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, **kw, ttt_chains="on_policy")
+    live: list[int] = []
+    ref = naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, on_policy=True, live=live)
+    assert fast.loss.item() == pytest.approx(float(ref.detach()), abs=1e-5)
+    assert fast.loss_tokens.tolist() == live
+    assert live[0] == fast.counted[0] - (teacher.argmax[0, 1:seq - 1][mask[0, 2:].bool()] < 0).sum()
+    assert 0 < live[1] < live[0]  # some chains left the data's path after step 0, some did not
+    every = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, **kw)
+    assert every.counted.tolist() == fast.counted.tolist() and every.correct.tolist() == fast.correct.tolist()
+    assert every.loss.item() != pytest.approx(fast.loss.item())
+    (g_fast,) = torch.autograd.grad(fast.loss, draft.fc.weight)
+    (g_ref,) = torch.autograd.grad(naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, on_policy=True),
+                                   draft.fc.weight)
+    assert torch.allclose(g_fast, g_ref, atol=1e-5)
 
 
 def test_padding_does_not_change_a_samples_loss():
@@ -358,7 +405,7 @@ def test_every_loss_trains_the_draft_toward_the_teacher():
 
 def test_dpace_weights_are_the_derivative_of_the_expected_accepted_length():
     """D-PACE: the weight of step k is d E[L] / d log a_k with E[L] = sum_m prod_{j<=m} a_j, per chain."""
-    from eagle3.draft.ttt import dpace_weights
+    from eagle3.draft.chains import dpace_weights
 
     alpha = torch.tensor([[0.9, 0.5], [0.8, 0.0], [0.5, 0.7]], dtype=torch.float64).view(3, 1, 2)  # [K, B, T]
     every = torch.ones_like(alpha, dtype=torch.bool)
