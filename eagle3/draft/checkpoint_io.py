@@ -1,8 +1,13 @@
-"""Lightning checkpoints written atomically and read back without unpickling code.
+"""Lightning checkpoints written atomically, read back without unpickling code, without the target's embedding.
 
 A kill -9 during `torch.save` must never leave a truncated `last.ckpt` that the rerun would
 try to resume from; and a checkpoint is data, so it is loaded with `weights_only=True` (no
 arbitrary objects are ever put into one: no hparams objects, plain dicts only).
+
+The draft's token embedding is the target's, frozen: a resumed fit loads it from the target again,
+so a checkpoint leaves it out and keeps a fingerprint to check it against. It was most of every
+checkpoint at a large vocab (gemma-3-270m: 671 MB of 980 MB; Kimi-K2.5's 163,840 x 7,168 in float32:
+4.7 GB), twice per unit (`last.ckpt` and the `step*.ckpt` beside it).
 """
 
 from __future__ import annotations
@@ -15,6 +20,55 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 
 from eagle3.artifacts import atomic_path
+from eagle3.errors import Eagle3Error
+
+#: The frozen embedding's key in the module's state dict, and the key of its fingerprint in a checkpoint.
+FROZEN_EMBEDDING = "draft.embed_tokens.weight"
+EMBEDDING_FINGERPRINT = "eagle3_frozen_embedding"
+
+
+class EmbeddingMismatch(Eagle3Error):
+    """A checkpoint is resumed with another embedding than the one it was trained with."""
+
+
+def embedding_fingerprint(weight: torch.Tensor) -> dict[str, Any]:
+    """Shape and float64 sums of the embedding: another target's (or an uninitialised) one differs."""
+    w = weight.detach().double()
+    return {"shape": list(weight.shape), "sum": float(w.sum()), "sum_sq": float((w * w).sum())}
+
+
+def same_embedding(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Equal shapes and sums within float64 summation order (threads may add in another order)."""
+    def close(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+    return (saved["shape"] == current["shape"] and close(saved["sum"], current["sum"])
+            and close(saved["sum_sq"], current["sum_sq"]))
+
+
+def leave_out_embedding(checkpoint: dict[str, Any], fingerprint: dict[str, Any]) -> None:
+    """Drop the frozen embedding from a checkpoint about to be saved, keeping its fingerprint."""
+    checkpoint["state_dict"].pop(FROZEN_EMBEDDING, None)
+    checkpoint[EMBEDDING_FINGERPRINT] = fingerprint
+
+
+def put_back_embedding(checkpoint: dict[str, Any], weight: torch.Tensor, fingerprint: dict[str, Any]) -> None:
+    """Give a loaded checkpoint the module's embedding (the target's) after checking it is the one it trained with.
+
+    A checkpoint that holds the embedding (written before it was left out) keeps its own.
+
+    Raises:
+        EmbeddingMismatch: The fingerprints differ (another target, or a module built without one).
+    """
+    state = checkpoint["state_dict"]
+    if FROZEN_EMBEDDING in state:
+        return
+    saved = checkpoint.get(EMBEDDING_FINGERPRINT)
+    if saved is None or not same_embedding(saved, fingerprint):
+        raise EmbeddingMismatch(
+            f"train: the checkpoint was trained with another token embedding (saved {saved}, now {fingerprint}); "
+            "resume it with the target it was trained on (model.path), or delete its checkpoints/ to train anew")
+    state[FROZEN_EMBEDDING] = weight.detach()
 
 
 class AtomicCheckpointIO(CheckpointIO):

@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 
 from eagle3.config.schema import TrainConfig
 from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.checkpoint_io import embedding_fingerprint, leave_out_embedding, put_back_embedding
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
@@ -40,8 +41,9 @@ class DraftModule(L.LightningModule):
 
     Args:
         geometry: Draft shape. head: Frozen target lm_head `[V, H_t]` (the teacher).
-        embed / d2t / t2d: Target embedding and vocab maps, copied into the draft when given
-            (a resumed run gets them from its checkpoint instead).
+        embed / d2t / t2d: Target embedding and vocab maps, copied into the draft when given (a
+            resumed run reads d2t / t2d from its checkpoint, which leaves the frozen embedding out:
+            `eagle3.draft.checkpoint_io`, so a fit always gives it).
         train: The `train` config (TTT steps and loss, optimizer, schedule). It stays an
             attribute, out of the checkpoint: a resumed run takes the config of its rerun, whose
             fingerprint equals the killed one's.
@@ -62,7 +64,21 @@ class DraftModule(L.LightningModule):
         self.steps = train.ttt_steps
         self._eval_sums: dict[str, torch.Tensor] = {}
         self._teacher_split: TeacherHead | None = None
+        self._embedding_fingerprint: dict[str, Any] | None = None
         self.last_eval: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ checkpoints
+    def embedding_fingerprint(self) -> dict[str, Any]:
+        """The frozen embedding's fingerprint, computed once (it never changes)."""
+        if self._embedding_fingerprint is None:
+            self._embedding_fingerprint = embedding_fingerprint(self.draft.embed_tokens.weight)
+        return self._embedding_fingerprint
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        leave_out_embedding(checkpoint, self.embedding_fingerprint())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        put_back_embedding(checkpoint, self.draft.embed_tokens.weight, self.embedding_fingerprint())
 
     # ------------------------------------------------------------------ forward
     def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0):

@@ -76,7 +76,9 @@ def test_train_writes_metrics_checkpoints_and_both_exports(chain_root):
     assert len(ev["acc"]) == 3 and all(0.0 <= a <= 1.0 for a in ev["acc"])
     assert ev["sim_accept_len"] == pytest.approx(
         1 + ev["acc"][0] + ev["acc"][0] * ev["acc"][1] + ev["acc"][0] * ev["acc"][1] * ev["acc"][2], abs=1e-3)
-    assert (unit / "checkpoints" / "last.ckpt").is_file()
+    saved = _state(unit / "checkpoints" / "last.ckpt")
+    assert "draft.embed_tokens.weight" not in saved["state_dict"]  # the target's: loaded from it at resume
+    assert saved["eagle3_frozen_embedding"]["shape"] == [8192, 256] and "draft.fc.weight" in saved["state_dict"]
     for engine in ("sglang", "vllm"):
         info = validate_export(extra["exports"][engine], engine)
         assert capture_layers_of(extra["exports"][engine], engine) == [2, 4, 5]
