@@ -43,3 +43,15 @@ def test_the_design_names_every_stage():
     text = DESIGN.read_text(encoding="utf-8")
     missing = [name for name in stage_names() if not re.search(rf"`{re.escape(name)}`", text)]
     assert not missing, f"docs/design.md does not name these stages (as `name`): {missing}"
+
+
+def test_the_repository_tracks_no_link_and_nothing_it_ignores():
+    """A tracked symlink is a path of the machine it was committed on; one where an ignored environment
+    lives (`.cache`, `.vllm-venv`) made checking it out delete that environment and leave a link to
+    itself. A tracked file that `.gitignore` matches is one a clean clone would not have built."""
+    listed = subprocess.run(["git", "ls-files", "-s", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    links = [entry.split("\t", 1)[1] for entry in listed.decode("utf-8").split("\0") if entry.startswith("120000 ")]
+    ignored = subprocess.run(["git", "ls-files", "-c", "-i", "--exclude-standard", "-z"], cwd=ROOT,
+                             capture_output=True, check=True).stdout.decode("utf-8").split("\0")
+    assert not links, f"tracked symlinks: {links}"
+    assert not [name for name in ignored if name], f"tracked files .gitignore matches: {ignored}"
