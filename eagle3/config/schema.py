@@ -269,7 +269,8 @@ class TrainConfig:
     devices: Any = "auto"
     strategy: str = setting("auto", Strategy)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    # last.ckpt every N optimizer steps (and at each epoch end); a rerun resumes from it.
+    # last.ckpt every N optimizer steps (0: at each epoch end instead; Lightning takes one or the
+    # other); a rerun resumes from it, redoing at most the steps since.
     checkpoint_every_n_steps: int = setting(50, ge=0, valid=">= 0 (0 = at epoch ends only)")
     # Query rows per block of the TTT attention: peak score memory ~ block x seq_len per head.
     attention_block: int = setting(256, gt=0)

@@ -5,7 +5,7 @@ the vocab manifest (`d2t`/`t2d`); with `train.hidden_states=online` the merge ma
 the extract one: each batch's states come from the target while it trains (`extract.backend`:
 in this process, or a vLLM server launched for the fit) and nothing is stored. Outputs in the
 unit directory: `checkpoints/` (Lightning, `last.ckpt` every `train.checkpoint_every_n_steps`
-steps and at the end; without the target's frozen embedding, `eagle3.draft.checkpoint_io`), the
+steps, or at each epoch end when that is 0; without the target's frozen embedding, `eagle3.draft.checkpoint_io`), the
 exported draft under `draft/sglang` and `draft/vllm` -- for the engines that serve its geometry
 (`eagle3.draft.geometry.geometry_refusals`: a layer variant, a capture of other than 3 layers or
 one of layer 0 is exported for vLLM alone; config validation refused what no engine serves) -- and
