@@ -20,3 +20,14 @@ def simulated_accept_length(acc: Iterable[float] | Any) -> float:
         running *= float(a)
         total += running
     return total
+
+
+def chain_accept_length(joint: Iterable[float] | Any) -> float:
+    """`1 + sum_k a_k` for the joint rates a_k = P(steps 0..k all agree), counted chain by chain.
+
+    `simulated_accept_length` multiplies per-step rates as if the steps' agreements were independent;
+    they are not (a chain the draft follows well tends to stay followed), and a recipe that trains
+    later steps only on chains it got right so far (`train.ttt_chains=on_policy`) shifts exactly
+    that correlation. Counting whole chains needs no such assumption.
+    """
+    return 1.0 + sum(float(a) for a in (joint.tolist() if hasattr(joint, "tolist") else joint))

@@ -50,24 +50,28 @@ def dpace_losses(chains: list[tuple[torch.Tensor, ...]], bsz: int, seq: int, smo
     return losses
 
 
-class OnPolicyChains:
-    """The chains whose drafted tokens so far are the data's: `train.ttt_chains=on_policy`.
+class UnbrokenChains:
+    """Per chain start (b, t): whether every counted step of its chain so far was a hit.
 
-    Step k > 0 of TTT reads the data's token t+1+k. Where the draft's own argmax at step k-1 was that
-    token, the step reads what the served draft would read and the stored teacher scores the prefix
-    it would extend: an on-policy state. Where it drafted another token, the served draft would read
-    its own (a prefix the target never scored: one target forward per position and step to re-score,
-    and under greedy verification the chain is rejected there), so the chain's later steps train on
-    nothing. Step 0 reads the target's own next token, always on policy.
+    Two uses in TTT. `train.ttt_chains=on_policy` keeps training a chain while the draft's drafted
+    token is the data's: step k > 0 reads the data's token t+1+k, and only where the draft drafted it
+    at step k-1 does the step read what a served draft would read, with the stored teacher scoring
+    the prefix it extends (an on-policy state). Where it drafted another token the served draft would
+    read its own (a prefix the target never scored: one target forward per position and step to
+    re-score, and under greedy verification the chain is rejected there), so the chain's later steps
+    train on nothing. Step 0 reads the target's own next token, always on policy. The metrics count
+    the chains whose argmax agreed with the target's at every step so far: the accept length chain
+    by chain, with no assumption that the steps' agreements are independent. A step a chain does not
+    count at (past its sample, a prompt token) leaves it as it was.
     """
 
     def __init__(self, bsz: int, seq: int, device: torch.device) -> None:
         self.alive = torch.ones(bsz, seq, dtype=torch.bool, device=device)  # [B, T] per chain start
 
     def keep(self, b_idx: torch.Tensor, t_idx: torch.Tensor) -> torch.Tensor:
-        """`[N]` whether each of a step's rows (chain starts) is still on policy."""
+        """`[N]` whether each of a step's rows (chain starts) is still unbroken."""
         return self.alive[b_idx, t_idx]
 
-    def advance(self, b_idx: torch.Tensor, t_idx: torch.Tensor, drafted: torch.Tensor, data: torch.Tensor) -> None:
-        """After a step: a chain stays on policy iff its drafted token id (target vocab) is the data's, `[N]` each."""
-        self.alive[b_idx, t_idx] &= drafted == data
+    def advance(self, b_idx: torch.Tensor, t_idx: torch.Tensor, hit: torch.Tensor) -> None:
+        """After a step: a chain stays unbroken iff its row hit, `[N]` bool."""
+        self.alive[b_idx, t_idx] &= hit

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from eagle3.config.schema import TrainConfig
-from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.acceptance import chain_accept_length, simulated_accept_length
 from eagle3.draft.batching import collate_padded, fetch, plan_token_batches
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def real_acceptance(target_path: str, draft: Any, prompts: Sequence[Sequence[int
 def evaluate_pooled(module, dataset: SplitDataset, batch_tokens: int) -> dict[str, Any]:
     """Per-step agreement, KL and simulated accept length of `module` (a DraftModule) on `dataset`."""
     steps = module.steps
-    correct, counted = torch.zeros(steps), torch.zeros(steps)
+    correct, counted, chain_correct = torch.zeros(steps), torch.zeros(steps), torch.zeros(steps)
     loss_sum, loss_tokens = torch.zeros(steps), torch.zeros(steps)
     was_training = module.training
     module.eval()
@@ -112,15 +112,21 @@ def evaluate_pooled(module, dataset: SplitDataset, batch_tokens: int) -> dict[st
         n = len(out.step_loss)
         correct[:n] += out.correct.float().cpu()
         counted[:n] += out.counted.float().cpu()
+        chain_correct[:n] += out.chain_correct.float().cpu()
         loss_sum[:n] += (out.step_loss * out.loss_tokens).float().cpu()
         loss_tokens[:n] += out.loss_tokens.float().cpu()
     module.train(was_training)
     acc = (correct / counted.clamp(min=1)).tolist()
+    joint = (chain_correct / counted.clamp(min=1)).tolist()
     return {
         "acc": [round(a, 5) for a in acc],
         "step_kl": [round(x, 5) for x in (loss_sum / loss_tokens.clamp(min=1)).tolist()],
         "sim_accept_len": round(simulated_accept_length(acc), 4),
         "sim_accept_len_by_k": {k: round(simulated_accept_length(acc[:k]), 4) for k in range(1, steps + 1)},
+        # Chain by chain (no independence assumed): the joint rate of steps 0..k agreeing, and its τ.
+        "chain_acc": [round(a, 5) for a in joint],
+        "chain_accept_len": round(chain_accept_length(joint), 4),
+        "chain_accept_len_by_k": {k: round(chain_accept_length(joint[:k]), 4) for k in range(1, steps + 1)},
         "counted": [int(c) for c in counted.tolist()],
         "samples": len(dataset),
     }

@@ -23,7 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import TTTAttention
-from eagle3.draft.chains import ALPHA_FLOOR, OnPolicyChains, dpace_losses
+from eagle3.draft.chains import ALPHA_FLOOR, UnbrokenChains, dpace_losses
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import (
     LK_ETA,
@@ -204,6 +204,8 @@ class TTTOutput:
         loss: Weighted sum over steps of the mean loss (`train.loss`, KL by default) per loss token (what is optimised).
         step_loss: `[K]` mean loss per step (detached).
         correct: `[K]` counted predictions whose argmax equals the target's.
+        chain_correct: `[K]` counted predictions whose argmax, and its chain's at every earlier
+            counted step, equal the target's (`eagle3.draft.chains.UnbrokenChains`).
         counted: `[K]` predictions that count (loss-masked, inside the sample).
         loss_tokens: `[K]` predictions in the loss (counted, minus out-of-vocab ones under "mask").
     """
@@ -213,6 +215,7 @@ class TTTOutput:
     correct: torch.Tensor
     counted: torch.Tensor
     loss_tokens: torch.Tensor
+    chain_correct: torch.Tensor
 
 
 #: Rows of the fused KL worked on at once: 64 x 32K float32 is 8 MiB, so a chunk's logits, teacher
@@ -339,7 +342,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
         lengths: `[B]` real lengths (positions beyond are padding).
         teacher: From `teacher_targets` over the same batch (at least `teacher_positions`).
-        ttt_chains: `train.ttt_chains`: all, or on_policy (`eagle3.draft.chains.OnPolicyChains`).
+        ttt_chains: `train.ttt_chains`: all, or on_policy (`eagle3.draft.chains.UnbrokenChains`).
         positions / segment_ends: Packed rows (`eagle3.draft.packing.collate_packed`), `[B, T]`:
             each token's position in its sample and the row index where its sample ends. None:
             one sample per row, at positions 0, 1, ...
@@ -363,13 +366,14 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     if positions is not None and segment_ends is not None:
         ends, starts, rope_pos = segment_ends, pos - positions, positions  # [B, T] each
     attention = TTTAttention(draft.geometry.num_layers, block_size, starts)
-    on_policy = OnPolicyChains(bsz, seq, device) if ttt_chains == TTT_CHAINS_ON_POLICY else None
+    on_policy = UnbrokenChains(bsz, seq, device) if ttt_chains == TTT_CHAINS_ON_POLICY else None
+    agreeing = UnbrokenChains(bsz, seq, device)
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
     neg_entropy = teacher.neg_entropy
     assert neg_entropy is not None  # set by Teacher.__post_init__
 
-    losses, step_loss, correct, counted, loss_tokens = [], [], [], [], []
+    losses, step_loss, correct, counted, loss_tokens, chain_correct = [], [], [], [], [], []
     chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
     grad = torch.is_grad_enabled()
     for k in range(steps):
@@ -408,9 +412,12 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         else:
             losses.append(loss_k * decay ** k)
         step_loss.append(loss_k.detach())
-        correct.append((pred == target).sum())
+        hit = pred == target
+        correct.append(hit.sum())
+        agreeing.advance(b_idx, t_idx, hit)
+        chain_correct.append(agreeing.keep(b_idx, t_idx).sum())
         if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
-            on_policy.advance(b_idx, t_idx, draft.draft_ids()[pred], input_ids[b_idx, t_idx + shift + 1])
+            on_policy.advance(b_idx, t_idx, draft.draft_ids()[pred] == input_ids[b_idx, t_idx + shift + 1])
         counted.append(count.sum())
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)
@@ -418,4 +425,4 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         losses = dpace_losses(chains, bsz, seq, dpace_smoothing)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),
                      correct=torch.stack(correct), counted=torch.stack(counted),
-                     loss_tokens=torch.stack(loss_tokens))
+                     loss_tokens=torch.stack(loss_tokens), chain_correct=torch.stack(chain_correct))

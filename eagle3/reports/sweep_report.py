@@ -61,16 +61,23 @@ def variants_table(report: Mapping[str, Any]) -> tuple[list[str], list[list[str]
     if not variants.get("replicate_keys") or not variants.get("rows"):
         return [], []
     sim_ks = list(variants["rows"][0]["sim_accept_length"])
-    header = ["recipe", "jobs", *(f"sim τ K={k}" for k in sim_ks), *(f"τ K={k}" for k in report["ks"]),
-              f"sim τ K={sim_ks[0]} vs {variants['baseline']}", "train tok/s"]
+    # chain τ where any recipe has it (jobs trained or evaluated since the figure exists)
+    chained = any(v is not None for row in variants["rows"] for v in (row.get("chain_accept_length") or {}).values())
+    chain_ks = sim_ks if chained else []
+    header = ["recipe", "jobs", *(f"sim τ K={k}" for k in sim_ks), *(f"chain τ K={k}" for k in chain_ks),
+              *(f"τ K={k}" for k in report["ks"]), f"sim τ K={sim_ks[0]} vs {variants['baseline']}",
+              *([f"chain τ K={sim_ks[0]} vs {variants['baseline']}"] if chained else []), "train tok/s"]
     body = []
     for row in variants["rows"]:
-        ratio = row["vs_baseline"].get(f"sim_accept_length_k{sim_ks[0]}")
+        ratios = [row["vs_baseline"].get(f"{kind}_k{sim_ks[0]}")
+                  for kind in ("sim_accept_length", *(["chain_accept_length"] if chained else []))]
         tok_s = row["train_tokens_per_s"]
         body.append([row["label"], ", ".join(_fmt(j) for j in row["jobs"]),
                      *(_mean_spread(row["sim_accept_length"][k]) for k in sim_ks),
+                     *(_mean_spread(row["chain_accept_length"].get(k)) for k in chain_ks),
                      *(_mean_spread(row["real_accept_length"].get(k)) for k in report["ks"]),
-                     "–" if ratio is None else f"{ratio:.3f}x", "–" if tok_s is None else f"{tok_s['mean']:,.0f}"])
+                     *("–" if ratio is None else f"{ratio:.3f}x" for ratio in ratios),
+                     "–" if tok_s is None else f"{tok_s['mean']:,.0f}"])
     return header, body
 
 

@@ -142,12 +142,12 @@ def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutp
     if pooled:
         # Lightning validates every `eval_every_n_epochs`, which need not divide the epoch count; the
         # final figures are what a sweep compares, so every run ends with them, at the last step.
-        final = {"eval/sim_accept_len": pooled["sim_accept_len"]}
+        final = {"eval/sim_accept_len": pooled["sim_accept_len"], "eval/chain_accept_len": pooled["chain_accept_len"]}
         final.update({f"eval/acc_{k}": a for k, a in enumerate(pooled["acc"])})
         final.update({f"eval/loss_{k}": x for k, x in enumerate(pooled["step_kl"])})
         log_report(job_loggers(config, ctx.run_dir), final, step=done["global_step"], summary=final)
-        log.info("train: eval simulated accept length %.3f (acc per step %s)", pooled["sim_accept_len"],
-                 ", ".join(f"{a:.3f}" for a in pooled["acc"]))
+        log.info("train: eval simulated accept length %.3f (acc per step %s), chain by chain %.3f",
+                 pooled["sim_accept_len"], ", ".join(f"{a:.3f}" for a in pooled["acc"]), pooled["chain_accept_len"])
     return {**metrics, "exports": exports, "files": {"metrics": METRICS_FILE}}
 
 

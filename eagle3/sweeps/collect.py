@@ -229,6 +229,7 @@ def _eval_figures(manifest: Manifest) -> dict[str, Any]:
         "eval_report": str(manifest.directory / files.get("json", EVAL_REPORT_FILES["json"])),
         "sim_accept_length": _num(sim.get("sim_accept_len")),
         "sim_acc": [float(a) for a in sim.get("acc") or []],
+        "chain_acc": [float(a) for a in sim.get("chain_acc") or []],
         "real_accept_length": {str(k): _num(real[k].get("accept_length")) for k in ks},
         "speedup": {str(k): _num(real[k].get("speedup")) for k in ks},
         "acceptance": {str(k): [float(r) for r in real[k].get("acceptance_rate") or []] for k in ks},
@@ -256,7 +257,7 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
                            "failure": None, "overrides": [], "stage": None, "data_scale": None, "dataset": None,
                            "wall_s": None, "notes": [], **{key: None for key in _FIGURES},
                            "real_accept_length": {}, "speedup": {}, "acceptance": {}, "lossless": {}, "sim_acc": [],
-                           "accept_length_se": {}}
+                           "chain_acc": [], "accept_length_se": {}}
     if record is None:
         return row
     if record.get("stage") == "report":
@@ -295,7 +296,8 @@ def _job_row(job_dir: Path) -> Optional[dict[str, Any]]:
                    train_tokens_per_s=_num(ex.get("train_tokens_per_s")))
         pooled = ex.get("eval") or {}  # the train stage's pooled eval: a sweep of stage=train is judged by it
         row.update(sim_accept_length=_num(pooled.get("sim_accept_len")),
-                   sim_acc=[float(a) for a in pooled.get("acc") or []])
+                   sim_acc=[float(a) for a in pooled.get("acc") or []],
+                   chain_acc=[float(a) for a in pooled.get("chain_acc") or []])
     if ev is not None:
         row.update(_eval_figures(ev))
     return row

@@ -6,7 +6,8 @@ judged by the mean over its seeds, next to their spread (max - min), and against
 of the same sweep. Jobs that differ only in a replicate key (`collect.REPLICATE_KEYS`) are one
 recipe. Simulated τ at K draft tokens comes from each job's per-step acceptance (`1 + Σ_k Π_{j≤k}
 acc_j` over the first K steps), so a sweep of `stage=train` alone (the train stage's pooled eval)
-is judged as well as one that ran the eval stage.
+is judged as well as one that ran the eval stage; chain τ at K counts whole chains instead (`1 +
+Σ_k P(steps 0..k agree)`, `eagle3.draft.acceptance.chain_accept_length`), where the jobs have it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.acceptance import chain_accept_length, simulated_accept_length
 from eagle3.errors import Eagle3Error
 
 __all__ = ["SIM_KS", "BaselineNotFound", "pooled_variants"]
@@ -49,6 +50,11 @@ def _sim_at(row: Mapping[str, Any], k: int) -> Optional[float]:
     return simulated_accept_length(acc[:k]) if len(acc) >= k else None
 
 
+def _chain_at(row: Mapping[str, Any], k: int) -> Optional[float]:
+    joint = row.get("chain_acc") or []
+    return chain_accept_length(joint[:k]) if len(joint) >= k else None
+
+
 def pooled_variants(rows: Sequence[Mapping[str, Any]], recipe_keys: Sequence[str], replicate_keys: Sequence[str],
                     ks: Sequence[str], baseline: Optional[str] = None) -> dict[str, Any]:
     """The recipes of a sweep as plain data (the `variants` entry of `sweep_report.json`).
@@ -80,13 +86,14 @@ def pooled_variants(rows: Sequence[Mapping[str, Any]], recipe_keys: Sequence[str
             "label": label, "overrides": overrides[label], "jobs": [job["job_num"] for job in jobs],
             "replicates": {key: [job["varying"].get(key) for job in jobs] for key in replicate_keys},
             "sim_accept_length": {str(k): _stats([_sim_at(job, k) for job in jobs]) for k in SIM_KS},
+            "chain_accept_length": {str(k): _stats([_chain_at(job, k) for job in jobs]) for k in SIM_KS},
             "real_accept_length": {k: _stats([job["real_accept_length"].get(k) for job in jobs]) for k in ks},
             "train_tokens_per_s": _stats([job.get("train_tokens_per_s") for job in jobs]),
         })
     base = next(entry for entry in table if entry["label"] == base_label)
     for entry in table:
         ratios: dict[str, float] = {}
-        for kind in ("sim_accept_length", "real_accept_length"):
+        for kind in ("sim_accept_length", "chain_accept_length", "real_accept_length"):
             for k, ours in entry[kind].items():
                 theirs = base[kind].get(k)
                 if ours is not None and theirs is not None and theirs["mean"]:

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from eagle3.draft.acceptance import simulated_accept_length
+from eagle3.draft.acceptance import chain_accept_length, simulated_accept_length
 from eagle3.draft.attention import DraftKVCache, apply_rope, rope_cos_sin, ttt_attention
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
@@ -145,18 +145,19 @@ def dense_attends(num_layers: int) -> list:
     return [partial(attend, layer) for layer in range(num_layers)]
 
 
-def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay, on_policy=False, live=None):
+def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay, on_policy=False, live=None, agreeing=None):
     """Token-by-token reference: explicit per-position states and a dense attention per step.
 
     on_policy: a chain start t trains at step k only if at every earlier counted step its argmax,
     as a target id, was the data's token (the token the next step reads); `live` collects, per step,
-    how many chains trained.
+    how many chains trained; `agreeing`, how many counted chains agreed with the target's argmax at
+    this step and every earlier counted one.
     """
     seq = ids.shape[1]
     hidden = draft.project(aux)
     attends = dense_attends(draft.geometry.num_layers)
     total = 0.0
-    alive = [True] * seq
+    alive, agreed = [True] * seq, [True] * seq
     for k in range(steps):
         tokens = torch.zeros_like(ids)
         tokens[:, :seq - 1 - k] = ids[:, 1 + k:]
@@ -169,12 +170,17 @@ def naive_ttt_loss(draft, aux, ids, mask, teacher, steps, decay, on_policy=False
                 p = teacher.at(0, t + 1 + k)
                 terms = terms + (torch.xlogy(p, p) - p * logq[0, t]).sum()
                 n += 1
+        unbroken = 0
         for t in range(seq):
             j = t + k + 2
             if j < seq and mask[0, j]:
                 alive[t] = alive[t] and int(draft.draft_ids()[logq[0, t].argmax()]) == int(ids[0, j])
+                agreed[t] = agreed[t] and int(logq[0, t].argmax()) == int(teacher.argmax[0, t + 1 + k])
+                unbroken += agreed[t]
         if live is not None:
             live.append(n)
+        if agreeing is not None:
+            agreeing.append(unbroken)
         total = total + decay ** k * terms / max(n, 1)
         hidden = state
     return total
@@ -223,18 +229,48 @@ def test_on_policy_chains_train_only_where_the_draft_drafted_the_datas_tokens():
     kw = dict(steps=4, decay=0.8, out_of_vocab="mask", block_size=3)
     fast = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, **kw, ttt_chains="on_policy")
     live: list[int] = []
-    ref = naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, on_policy=True, live=live)
+    agreeing: list[int] = []
+    ref = naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, on_policy=True, live=live, agreeing=agreeing)
     assert fast.loss.item() == pytest.approx(float(ref.detach()), abs=1e-5)
     assert fast.loss_tokens.tolist() == live
+    # the metrics count whole chains that agree with the target's argmax, whatever the training mode
+    assert fast.chain_correct.tolist() == agreeing and fast.chain_correct[0] == fast.correct[0]
+    assert all(c <= a for c, a in zip(fast.chain_correct.tolist(), fast.correct.tolist(), strict=True))
     assert live[0] == fast.counted[0] - (teacher.argmax[0, 1:seq - 1][mask[0, 2:].bool()] < 0).sum()
     assert 0 < live[1] < live[0]  # some chains left the data's path after step 0, some did not
     every = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, **kw)
     assert every.counted.tolist() == fast.counted.tolist() and every.correct.tolist() == fast.correct.tolist()
+    assert every.chain_correct.tolist() == agreeing
     assert every.loss.item() != pytest.approx(fast.loss.item())
     (g_fast,) = torch.autograd.grad(fast.loss, draft.fc.weight)
     (g_ref,) = torch.autograd.grad(naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, on_policy=True),
                                    draft.fc.weight)
     assert torch.allclose(g_fast, g_ref, atol=1e-5)
+
+
+def test_chain_counts_follow_each_chain_against_a_reference():
+    """chain_correct[k]: the counted chains whose argmax agreed with the target's at step k and every
+    earlier counted step. The teacher's argmax is set to the draft's own step-0 guesses, so step 0
+    agrees everywhere and the later steps in some chains only."""
+    draft, head = tiny_draft(5)
+    torch.manual_seed(6)
+    seq = 14
+    ids = torch.randint(0, 12, (1, seq))
+    mask = torch.tensor([[0, 0] + [1] * 12])
+    aux, final = torch.randn(1, seq, 24), torch.randn(1, seq, 8)
+    teacher = teacher_targets(final, head, draft.draft_ids())
+    with torch.no_grad():
+        tokens = torch.zeros_like(ids)
+        tokens[:, :seq - 1] = ids[:, 1:]
+        state = draft.step(draft.project(aux), tokens, torch.arange(seq), dense_attends(1))
+        teacher.argmax[0, 1:] = draft.logits(state)[0, :seq - 1].argmax(-1)  # position t+1 <- step 0's guess at t
+    out = ttt_forward(draft, aux, ids, mask, torch.tensor([seq]), teacher, steps=4, decay=0.8,
+                      out_of_vocab="mask", block_size=4)
+    agreeing: list[int] = []
+    naive_ttt_loss(draft, aux, ids, mask, teacher, 4, 0.8, agreeing=agreeing)
+    assert out.chain_correct.tolist() == agreeing
+    assert out.chain_correct[0] == out.correct[0] == out.counted[0]
+    assert 0 < out.chain_correct[1] < out.correct[1] or 0 < out.chain_correct[2] < out.correct[2]
 
 
 def test_padding_does_not_change_a_samples_loss():
@@ -255,6 +291,9 @@ def test_padding_does_not_change_a_samples_loss():
 def test_simulated_accept_length_is_one_plus_sum_of_running_products():
     assert simulated_accept_length([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert simulated_accept_length([1.0, 0.0, 1.0]) == pytest.approx(2.0)
+    # chain by chain: the joint rates are summed as they are, not multiplied
+    assert chain_accept_length([0.5, 0.3, 0.1]) == pytest.approx(1.9)
+    assert chain_accept_length(torch.tensor([0.5, 0.25])) == pytest.approx(1.75)
     assert simulated_accept_length(torch.tensor([])) == 1.0
 
 

@@ -61,3 +61,18 @@ def test_the_markdown_rows_show_mean_spread_and_ratio():
     assert body[1][0] == "variant=loss_lk" and body[1][1] == "2, 3" and body[1][3] == "–"
     assert body[1][2] == "2.167 (0.733)" and body[0][4] == "1.000x"
     assert variants_table({"ks": [], "variants": pooled_variants(JOBS, ["variant"], [], [])}) == ([], [])
+
+
+def test_chain_tau_pools_whole_chains_and_shows_only_where_the_jobs_have_it():
+    """chain τ at K = 1 + the joint rates of the first K steps (no product of per-step rates)."""
+    jobs = [{**job, "chain_acc": joint} for job, joint in zip(JOBS, ([0.5, 0.3, 0.2], [0.6, 0.4, 0.3],
+                                                                    [0.5, 0.2, 0.1], [0.7, 0.6, 0.5]), strict=True)]
+    pooled = pooled_variants(jobs, ["variant"], ["seed"], [])
+    rows = {row["label"]: row for row in pooled["rows"]}
+    base, lk = [2.0, 2.3], [1.8, 2.8]
+    assert rows["variant=baseline"]["chain_accept_length"]["3"] == pytest.approx({"mean": 2.15, "spread": 0.3})
+    assert rows["variant=loss_lk"]["vs_baseline"]["chain_accept_length_k3"] == pytest.approx(sum(lk) / sum(base))
+    header, body = variants_table({"ks": [], "variants": pooled})
+    assert header == ["recipe", "jobs", "sim τ K=3", "sim τ K=5", "chain τ K=3", "chain τ K=5",
+                      "sim τ K=3 vs variant=baseline", "chain τ K=3 vs variant=baseline", "train tok/s"]
+    assert body[1][4] == "2.300 (1.000)" and body[1][7] == f"{sum(lk) / sum(base):.3f}x"
