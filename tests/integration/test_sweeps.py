@@ -148,7 +148,7 @@ def test_parallel_joblib_jobs_never_write_one_artifact_twice(tmp_path):
 def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(sweep):
     """experiment=draft_ablation on the chain the data-scale sweep left: each variant x seed retrains the
     draft only, and the sweep report's recipe rows are the seeds' mean, spread and ratio to the baseline."""
-    from eagle3.draft.acceptance import simulated_accept_length
+    from eagle3.draft.acceptance import chain_accept_length, simulated_accept_length
 
     root, _ = sweep
     done = run_cli(["-m", "experiment=draft_ablation", "dataset=demo_prompts", "variant=baseline,loss_lk", "seed=0,1",
@@ -159,11 +159,17 @@ def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(s
     jobs = _jobs(ablation)
     assert [(job["stage"], job["status"]) for job in jobs] == [("train", "complete")] * 4
     sim_k3: dict[str, list[float]] = {}
+    chain_k3: dict[str, list[float]] = {}
     for job in jobs:
         train = _output(job, "train")
         variant = next(o.split("=", 1)[1] for o in job["overrides"] if o.startswith("variant="))
         assert train.config["train"]["loss"] == ("lk" if variant == "loss_lk" else "kl")
-        sim_k3.setdefault(variant, []).append(simulated_accept_length(train.extra["eval"]["acc"][:3]))
+        pooled = train.extra["eval"]
+        sim_k3.setdefault(variant, []).append(simulated_accept_length(pooled["acc"][:3]))
+        # chain by chain: step 0's joint rate is its own; a later one never exceeds its step's rate
+        assert pooled["chain_acc"][0] == pytest.approx(pooled["acc"][0])
+        assert all(c <= a + 1e-9 for c, a in zip(pooled["chain_acc"], pooled["acc"], strict=True))
+        chain_k3.setdefault(variant, []).append(chain_accept_length(pooled["chain_acc"][:3]))
     report = json.loads((ablation / "sweep_report.json").read_text())
     rows = {row["label"]: row for row in report["variants"]["rows"]}
     assert report["variants"]["baseline"] == "variant=baseline" and set(rows) == {"variant=baseline", "variant=loss_lk"}
@@ -174,5 +180,7 @@ def test_a_draft_ablation_is_a_multirun_whose_report_pools_each_variants_seeds(s
         assert rows[f"variant={variant}"]["replicates"] == {"seed": ["0", "1"]}  # as the overrides spell them
     assert rows["variant=loss_lk"]["vs_baseline"]["sim_accept_length_k3"] == pytest.approx(
         sum(sim_k3["loss_lk"]) / sum(sim_k3["baseline"]))
+    for variant, values in chain_k3.items():
+        assert rows[f"variant={variant}"]["chain_accept_length"]["3"]["mean"] == pytest.approx(sum(values) / 2)
     assert rows["variant=baseline"]["sim_accept_length"]["5"] is None  # 3 TTT steps: no simulated K=5
     assert "## Recipes, `seed` pooled" in (ablation / "sweep_report.md").read_text()
