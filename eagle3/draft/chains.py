@@ -58,11 +58,11 @@ class UnbrokenChains:
     at step k-1 does the step read what a served draft would read, with the stored teacher scoring
     the prefix it extends (an on-policy state). Where it drafted another token the served draft would
     read its own (a prefix the target never scored: one target forward per position and step to
-    re-score, and under greedy verification the chain is rejected there), so the chain's later steps
-    train on nothing. Step 0 reads the target's own next token, always on policy. The metrics count
-    the chains whose argmax agreed with the target's at every step so far: the accept length chain
-    by chain, with no assumption that the steps' agreements are independent. A step a chain does not
-    count at (past its sample, a prompt token) leaves it as it was.
+    re-score; where the data are the target's greedy answers, greedy verification rejects the chain
+    there), so the chain's later steps train on nothing. Step 0 reads the target's own next token,
+    always on policy. The metrics count the chains whose argmax agreed with the target's at every
+    step so far: the accept length chain by chain, with no assumption that the steps' agreements are
+    independent. A step a chain does not count at (past its sample, a prompt token) leaves it as it was.
     """
 
     def __init__(self, bsz: int, seq: int, device: torch.device) -> None:
