@@ -367,6 +367,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         ends, starts, rope_pos = segment_ends, pos - positions, positions  # [B, T] each
     attention = TTTAttention(draft.geometry.num_layers, block_size, starts)
     on_policy = UnbrokenChains(bsz, seq, device) if ttt_chains == TTT_CHAINS_ON_POLICY else None
+    draft_ids = draft.draft_ids()  # [Vd] the target id of each draft id, once (on_policy compares ids)
     agreeing = UnbrokenChains(bsz, seq, device)
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
@@ -417,7 +418,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         agreeing.advance(b_idx, t_idx, hit)
         chain_correct.append(agreeing.keep(b_idx, t_idx).sum())
         if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
-            on_policy.advance(b_idx, t_idx, draft.draft_ids()[pred] == input_ids[b_idx, t_idx + shift + 1])
+            on_policy.advance(b_idx, t_idx, draft_ids[pred] == input_ids[b_idx, t_idx + shift + 1])
         counted.append(count.sum())
         loss_tokens.append(n_loss)
         hidden = draft.carry(state)
