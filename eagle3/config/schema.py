@@ -246,7 +246,8 @@ class TrainConfig:
     # weight on its later steps (speculators' --dpace-alpha, default 0.5; 0 = the raw derivative)
     dpace_smoothing: float = setting(0.5, ge=0, le=1, why="a step's acceptance a enters D-PACE as (1 - s) a + s")
     # all = every TTT step trains every chain | on_policy = a step trains only the chains whose drafted
-    # tokens so far were the data's (the draft's own inputs; eagle3.draft.options)
+    # tokens so far were the data's (the draft's own inputs) | rescored = every step reads the draft's own
+    # tokens, scored by the target loaded beside the draft (eagle3.draft.options)
     ttt_chains: str = setting("all", TttChains)
     # Gaussian noise on the captured states while training, std = this x each captured layer's
     # per-token RMS (0 = none): the draft reads its own drifting features at serving time.

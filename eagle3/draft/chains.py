@@ -4,12 +4,19 @@ A chain starts at position t (`eagle3.draft.ttt`'s indexing): step k reads token
 token t+2+k. At serving the draft reads its own drafted token at every step after the first, so
 the states the steps after a miss train on are ones a served draft does not reach with the data's
 token; D-PACE weighs each step by how likely its chain is to get there, `on_policy` keeps only the
-chains that got there.
+chains that got there, and `rescored` feeds each chain the draft's own tokens and asks the target what
+it would say after them (`eagle3.draft.rescoring`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from eagle3.draft.ttt import Teacher
 
 #: alpha below this counts as this (nla's -log alpha; D-PACE's normalisation of a chain with no overlap).
 ALPHA_FLOOR = 1e-6
@@ -75,3 +82,22 @@ class UnbrokenChains:
     def advance(self, b_idx: torch.Tensor, t_idx: torch.Tensor, hit: torch.Tensor) -> None:
         """After a step: a chain stays unbroken iff its row hit, `[N]` bool."""
         self.alive[b_idx, t_idx] &= hit
+
+
+@dataclass
+class Rollout:
+    """What the TTT steps after the first read and learn toward under `train.ttt_chains=rescored`.
+
+    Attributes:
+        tokens: `[K-1, B, T]` the target id step k >= 1 reads at chain start t: the token the draft
+            drafted at step k-1 there (`eagle3.draft.rescoring.draft_chains`).
+        teachers: Per step k >= 1, the target's distribution after the chain's own prefix (the data
+            through t+1, then the drafted tokens), indexed as the data's teacher is: step k at t
+            reads position t+1+k.
+        started: `[B, T]` the chains trained after step 0: those whose step 0 counts (its predicted
+            token is a loss token), as a served draft starts its chains inside the answer.
+    """
+
+    tokens: torch.Tensor
+    teachers: list[Teacher]
+    started: torch.Tensor

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # lightning and the datasets load only when a fit runs
     import lightning as L
 
     from eagle3.draft.lightning_module import DraftModule
+    from eagle3.draft.rescoring import Rescorer
     from eagle3.states.dataset import SplitDataset
 
 __all__ = ["CHECKPOINT_DIR", "FIT_SUMMARY", "LAST_CHECKPOINT", "FitResult", "build_trainer", "draft_geometry",
@@ -185,7 +186,8 @@ def training_sets(inputs: dict[str, Any], make_source: Optional[Any] = None,
 
 
 def fit_draft(config: Eagle3Config, train_set: SplitDataset, eval_set: SplitDataset,
-              vocab_maps: tuple[torch.Tensor, torch.Tensor], unit_dir: Path, loggers: Sequence[Any]) -> FitResult:
+              vocab_maps: tuple[torch.Tensor, torch.Tensor], unit_dir: Path, loggers: Sequence[Any],
+              rescorer: Optional[Rescorer] = None) -> FitResult:
     """Build the model, data and trainer for a unit directory and train, resuming from its `last.ckpt`.
 
     Args:
@@ -195,6 +197,7 @@ def fit_draft(config: Eagle3Config, train_set: SplitDataset, eval_set: SplitData
         unit_dir: The train unit directory (checkpoints and the fit summary go there).
         loggers: The job's experiment loggers (`eagle3.tracking.job_loggers`), shared with the stages
             that log reports into the same run after training.
+        rescorer: `train.ttt_chains=rescored`: the target scoring the draft's own chains (`eagle3.draft.rescoring`).
     """
     import lightning as L
 
@@ -208,7 +211,7 @@ def fit_draft(config: Eagle3Config, train_set: SplitDataset, eval_set: SplitData
     embed, head = load_embedding_and_head(m.path, revision=m.revision, cache_dir=config.paths.hf_cache,
                                           text_config_key=m.text_config_key)
     d2t, t2d = vocab_maps
-    module = DraftModule(geometry, head, t, embed=embed, d2t=d2t, t2d=t2d)
+    module = DraftModule(geometry, head, t, embed=embed, d2t=d2t, t2d=t2d, rescorer=rescorer)
     data = DraftDataModule(train_set, eval_set if len(eval_set) else None, batch_tokens=t.batch_tokens,
                            seed=config.seed, num_workers=t.num_workers, packing=t.packing)
     trainer = build_trainer(config, loggers, unit_dir, [data.position_callback()])

@@ -21,6 +21,7 @@ from eagle3.draft.checkpoint_io import embedding_fingerprint, leave_out_embeddin
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
+from eagle3.draft.rescoring import Rescorer
 from eagle3.draft.teacher_head import TeacherHead
 from eagle3.draft.ttt import add_state_noise, teacher_from_topk, teacher_positions, teacher_targets, ttt_forward
 
@@ -47,13 +48,16 @@ class DraftModule(L.LightningModule):
         train: The `train` config (TTT steps and loss, optimizer, schedule). It stays an
             attribute, out of the checkpoint: a resumed run takes the config of its rerun, whose
             fingerprint equals the killed one's.
+        rescorer: `train.ttt_chains=rescored`: the target that scores the draft's own chains in each
+            training batch (`eagle3.draft.rescoring`); eval batches keep the data's chains, so the eval
+            figures compare with every other recipe's.
     """
 
     teacher_head: torch.Tensor  # a buffer (register_buffer), declared for the type checker
 
     def __init__(self, geometry: DraftGeometry, head: torch.Tensor, train: TrainConfig,
                  embed: torch.Tensor | None = None, d2t: torch.Tensor | None = None,
-                 t2d: torch.Tensor | None = None) -> None:
+                 t2d: torch.Tensor | None = None, rescorer: Rescorer | None = None) -> None:
         super().__init__()
         self.draft = Eagle3Draft(geometry)
         if embed is not None:
@@ -61,6 +65,7 @@ class DraftModule(L.LightningModule):
             self.draft.init_from_target(embed, head, d2t, t2d)
         self.register_buffer("teacher_head", head.float(), persistent=False)
         self.train_config = train
+        self.rescorer = rescorer
         self.steps = train.ttt_steps
         self._eval_sums: dict[str, torch.Tensor] = {}
         self._teacher_split: TeacherHead | None = None
@@ -81,24 +86,28 @@ class DraftModule(L.LightningModule):
         put_back_embedding(checkpoint, self.draft.embed_tokens.weight, self.embedding_fingerprint())
 
     # ------------------------------------------------------------------ forward
-    def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0):
+    def run_batch(self, batch: dict[str, torch.Tensor], state_noise: float = 0.0, rescore: bool = False):
+        """One batch's TTT; `rescore` (training batches) lets the rescorer, if any, supply the chains."""
         packed = {key: batch[key] for key in ("positions", "segment_ends") if key in batch}  # train.packing
         needed = teacher_positions(batch["loss_mask"], batch["lengths"], **packed)
         aux = add_state_noise(batch["aux"], len(self.draft.geometry.capture_layers), state_noise)
         t = self.train_config
         renormalise = t.teacher == TEACHER_DRAFT_VOCAB
+        head = self._split_head() if renormalise else self.teacher_head
         if "teacher_ids" in batch:  # a compact store: the teacher's top k, not the final state
             teacher = teacher_from_topk(batch["teacher_ids"], batch["teacher_logprob"], self.teacher_head.shape[0],
                                         self.draft.draft_ids(), renormalise=renormalise, needed=needed)
         else:
-            head = self._split_head() if renormalise else self.teacher_head
             teacher = teacher_targets(batch["final"], head, self.draft.draft_ids(),
                                       renormalise=renormalise, needed=needed)
+        rollout = None
+        if rescore and self.rescorer is not None:
+            rollout = self.rescorer.rollout(self.draft, head, aux, batch, renormalise)
         return ttt_forward(self.draft, aux, batch["input_ids"], batch["loss_mask"], batch["lengths"],
                            teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
                            block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,
                            loss=t.loss, step_weights=t.step_weights,
-                           dpace_smoothing=t.dpace_smoothing, ttt_chains=t.ttt_chains, **packed)
+                           dpace_smoothing=t.dpace_smoothing, ttt_chains=t.ttt_chains, rollout=rollout, **packed)
 
     def _split_head(self) -> TeacherHead:
         """The teacher head split by the draft vocab, built once (not per batch: ~0.3 s at V = 262K).
@@ -123,7 +132,7 @@ class DraftModule(L.LightningModule):
         return metrics
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.run_batch(batch, state_noise=self.train_config.state_noise)  # eval reads clean states
+        out = self.run_batch(batch, state_noise=self.train_config.state_noise, rescore=True)  # eval: clean states
         tokens = batch["lengths"].sum()
         self.log_dict(self._step_metrics(out, "train"), on_step=True, on_epoch=False, prog_bar=False,
                       batch_size=int(tokens))

@@ -47,8 +47,10 @@ STEP_WEIGHTS_DECAY, STEP_WEIGHTS_DPACE = "decay", "dpace"
 #: `train.ttt_chains`, which chains a TTT step after the first trains: all = every chain, reading the
 #: data's token whatever the draft drafted before (EAGLE-3's TTT); on_policy = only the chains whose
 #: drafted tokens so far were the data's, the states a served draft reaches reading its own tokens
-#: (eagle3.draft.chains.UnbrokenChains: the rest would need the target to re-score the draft's prefix).
-TTT_CHAINS_ALL, TTT_CHAINS_ON_POLICY = "all", "on_policy"
+#: (eagle3.draft.chains.UnbrokenChains); rescored = every chain whose first step is in the answer reads
+#: the draft's own tokens and learns toward the target's score of them (eagle3.draft.rescoring: the
+#: target runs in the training process, one forward over the sample and its chains per batch).
+TTT_CHAINS_ALL, TTT_CHAINS_ON_POLICY, TTT_CHAINS_RESCORED = "all", "on_policy", "rescored"
 #: `train.lr_schedule`: after the linear warmup, cosine or linear down to `train.min_lr_ratio` x lr.
 #: `train.hidden_states`: read from the store stage extract filled, computed per batch while training,
 #: or hybrid: computed the first time a sample is fetched, stored, and read afterwards.

@@ -15,7 +15,7 @@ from typing import Optional
 from eagle3.config.checks import ConfigErrors, value_at
 from eagle3.config.schema import Eagle3Config, EvalConfig, ModelConfig, OptimizerConfig, TrainConfig
 from eagle3.draft.geometry import MLA_FIELDS, config_geometry, config_refusals
-from eagle3.draft.options import ATTENTION_MLA
+from eagle3.draft.options import ATTENTION_MLA, TTT_CHAINS_RESCORED
 from eagle3.engines import ENGINES
 from eagle3.target_info import HF_CONFIG_KEYS, TargetConfigError, target_config
 
@@ -109,6 +109,9 @@ def check_train(cfg: Eagle3Config, err: ConfigErrors) -> None:
     if tr.max_epochs < 1 and tr.max_steps < 1:
         err.add("train.max_epochs", tr.max_epochs, "with max_steps <= 0 training would never stop",
                 ">= 1, or set train.max_steps")
+    if tr.ttt_chains == TTT_CHAINS_RESCORED and tr.packing:
+        err.add("train.packing", True, "train.ttt_chains=rescored scores each sample's chains as one prefix "
+                "tree and reads right-padded rows", "false, or train.ttt_chains=all")
 
 
 def _check_optimizer(opt: OptimizerConfig, err: ConfigErrors) -> None:

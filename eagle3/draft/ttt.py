@@ -23,7 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from eagle3.draft.attention import TTTAttention
-from eagle3.draft.chains import ALPHA_FLOOR, UnbrokenChains, dpace_losses
+from eagle3.draft.chains import ALPHA_FLOOR, Rollout, UnbrokenChains, dpace_losses
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import (
     LK_ETA,
@@ -329,7 +329,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
                 step_weights: str = STEP_WEIGHTS[0], dpace_smoothing: float = 0.0,
                 ttt_chains: str = TTT_CHAINS[0], positions: torch.Tensor | None = None,
-                segment_ends: torch.Tensor | None = None) -> TTTOutput:
+                segment_ends: torch.Tensor | None = None, rollout: Rollout | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
@@ -342,10 +342,13 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
         lengths: `[B]` real lengths (positions beyond are padding).
         teacher: From `teacher_targets` over the same batch (at least `teacher_positions`).
-        ttt_chains: `train.ttt_chains`: all, or on_policy (`eagle3.draft.chains.UnbrokenChains`).
+        ttt_chains: `train.ttt_chains`: all, on_policy (`eagle3.draft.chains.UnbrokenChains`) or rescored
+            (as all without a `rollout`).
         positions / segment_ends: Packed rows (`eagle3.draft.packing.collate_packed`), `[B, T]`:
             each token's position in its sample and the row index where its sample ends. None:
             one sample per row, at positions 0, 1, ...
+        rollout: `train.ttt_chains=rescored` (`eagle3.draft.rescoring.rescore`): steps after the first read
+            the draft's own tokens and learn toward the target's score of them, on the started chains only.
     """
     if out_of_vocab not in OUT_OF_VOCAB_POLICIES:
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
@@ -371,8 +374,6 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     agreeing = UnbrokenChains(bsz, seq, device)
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
-    neg_entropy = teacher.neg_entropy
-    assert neg_entropy is not None  # set by Teacher.__post_init__
 
     losses, step_loss, correct, counted, loss_tokens, chain_correct = [], [], [], [], [], []
     chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
@@ -382,8 +383,12 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         span = seq - shift  # positions t with an input token
         if span <= 0:
             break
+        on_chain = rollout if k > 0 else None  # reads the draft's own tokens, learns the target's score of them
+        step_teacher = on_chain.teachers[k - 1] if on_chain is not None else teacher
         tokens = torch.zeros_like(input_ids)
         tokens[:, :span] = input_ids[:, shift:]
+        if on_chain is not None:
+            tokens = on_chain.tokens[k - 1]
         if packed:  # the next sample's tokens are not this one's: read 0 past the end, as a lone sample does
             tokens = tokens.masked_fill(pos + shift >= ends, 0)
         state = draft.step(hidden, tokens, rope_pos + k, attention.attends)  # [B, T, H]
@@ -393,13 +398,17 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         target_mask = torch.zeros_like(in_sample)
         target_mask[:, :span - 1] = mask[:, shift + 1:]
         count = in_sample & target_mask
+        if on_chain is not None:
+            count = count & on_chain.started[:, :span]
         b_idx, t_idx = count.nonzero(as_tuple=True)  # [N] the predictions that count
-        target = teacher.argmax[b_idx, t_idx + shift]  # [N]
-        rows = teacher.row_of[b_idx, t_idx + shift]
+        target = step_teacher.argmax[b_idx, t_idx + shift]  # [N]
+        rows = step_teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
         if on_policy is not None:
             weight = weight & on_policy.keep(b_idx, t_idx)
-        args = (draft, state[b_idx, t_idx], teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
+        neg_entropy = step_teacher.neg_entropy
+        assert neg_entropy is not None  # set by Teacher.__post_init__
+        args = (draft, state[b_idx, t_idx], step_teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
             row_loss, pred, alpha = checkpoint(_loss_terms, *args, use_reentrant=False)

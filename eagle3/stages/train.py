@@ -27,7 +27,7 @@ from eagle3.artifacts import Manifest, StageOutput, atomic_write_json
 from eagle3.config.schema import Eagle3Config
 from eagle3.config.slices import fingerprinted
 from eagle3.draft.fit import FIT_SUMMARY, TrainMetrics, export_engines, fit_draft, load_vocab_maps, training_sets
-from eagle3.draft.options import COMPUTING_MODES, HYBRID
+from eagle3.draft.options import COMPUTING_MODES, HYBRID, TTT_CHAINS_RESCORED
 from eagle3.reports.loggers import log_report
 from eagle3.stages.base import StageContext, UnitStage, mixture_unit, require
 from eagle3.stages.extract import EXTRACT, states_identity
@@ -102,7 +102,20 @@ def _fit(config: Eagle3Config, ctx: StageContext, unit: str, unit_dir: Path, set
     from eagle3.tracking import job_loggers
 
     return fit_draft(config, sets[0], sets[1], load_vocab_maps(vocab_dir / D2T_FILE, vocab_dir / T2D_FILE),
-                     unit_dir, job_loggers(config, ctx.run_dir))
+                     unit_dir, job_loggers(config, ctx.run_dir), rescorer=_rescorer(config))
+
+
+def _rescorer(config: Eagle3Config):
+    """`train.ttt_chains=rescored`: the target, loaded with transformers, that scores the draft's chains."""
+    if config.train.ttt_chains != TTT_CHAINS_RESCORED:
+        return None
+    from eagle3.draft.rescoring import Rescorer
+    from eagle3.extract.sources import load_hf_target
+    from eagle3.target.tree import TreeScorer
+
+    t = config.train
+    scorer = TreeScorer(load_hf_target(config), config.model.text_config_key)
+    return Rescorer(scorer, steps=t.ttt_steps, block_size=t.attention_block)
 
 
 def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutput) -> Optional[dict]:
@@ -113,6 +126,10 @@ def _run_unit(config: Eagle3Config, ctx: StageContext, unit: str, out: StageOutp
     with _datasets(config, ctx, unit, out.dir) as sets:
         fit = _fit(config, ctx, unit, out.dir, sets)
         module, train_set, eval_set, wall = fit.module, fit.train_set, fit.eval_set, fit.wall_s
+        rescorer = module.rescorer
+        if rescorer is not None:
+            log.info("train: the target scored %d tokens of the draft's own chains in %.1f s (%.0f%% of the fit)",
+                     rescorer.scored_tokens, rescorer.seconds, 100 * rescorer.seconds / max(wall, 1e-9))
         module.to("cpu").eval()
         pooled = evaluate_pooled(module, eval_set, batch_tokens=t.batch_tokens) if len(eval_set) else None
     done = json.loads((out.dir / FIT_SUMMARY).read_text())  # what rank 0 saw (also under ddp_spawn)

@@ -348,3 +348,31 @@ def test_packed_rows_train_every_sample_once_per_epoch_in_fewer_steps(chain_root
     ev = extra["eval"]
     assert len(ev["acc"]) == 3 and ev["acc"][0] > 0.05 and ev["sim_accept_len"] > 1.05, ev  # it learned
     assert (unit / "checkpoints" / "last.ckpt").is_file() and set(extra["exports"]) == {"vllm"}
+
+
+@pytest.mark.slow
+def test_rescored_chains_train_on_the_drafts_own_tokens_scored_by_the_target(chain_root):
+    """`train.ttt_chains=rescored`: the stage loads the target beside the draft and every training batch's
+    chains after step 0 are scored by it: one drafted token per chain step that counts, every epoch."""
+    from eagle3.draft.rescoring import chain_nodes
+    from eagle3.states.dataset import HiddenStateDataset
+
+    before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
+    done = train_cli(chain_root, "train.max_epochs=2", "variant=rescored")
+    assert done.returncode == 0, done.stderr[-3000:]
+    unit = unit_for(chain_root, before)
+    manifest = Manifest.load(unit)
+    assert manifest.status == "complete" and manifest.config["train"]["ttt_chains"] == "rescored"
+    [extract] = sorted(d for d in (chain_root / "extract").iterdir() if d.is_dir())
+    train_set = HiddenStateDataset.from_manifests(Manifest.load(extract), "train")
+    per_epoch = 0
+    for i in range(len(train_set)):
+        sample = train_set[i]
+        mask = sample["loss_mask"].unsqueeze(0)
+        per_epoch += int(chain_nodes(mask, torch.tensor([mask.shape[1]]), steps=3)[1].sum())
+    scored = re.search(r"train: the target scored (\d+) tokens of the draft's own chains in [\d.]+ s",
+                       done.stdout + done.stderr)
+    assert scored and int(scored.group(1)) == 2 * per_epoch > 0, (scored, per_epoch)
+    ev = manifest.extra["eval"]
+    assert len(ev["acc"]) == 3 and ev["acc"][0] > 0.05 and ev["sim_accept_len"] > 1.05, ev  # it learned
+    assert set(manifest.extra["exports"]) >= {"vllm"}

@@ -28,7 +28,7 @@ from eagle3.generation import http_settings, regenerate
     (choices.TEACHERS, {options.TEACHER_DRAFT_VOCAB, options.TEACHER_FULL_VOCAB}),
     (choices.LOSSES, {options.LOSS_KL, options.LOSS_TV, options.LOSS_JSD, options.LOSS_NLA, options.LOSS_LK}),
     (choices.STEP_WEIGHTS, {options.STEP_WEIGHTS_DECAY, options.STEP_WEIGHTS_DPACE}),
-    (choices.TTT_CHAINS, {options.TTT_CHAINS_ALL, options.TTT_CHAINS_ON_POLICY}),
+    (choices.TTT_CHAINS, {options.TTT_CHAINS_ALL, options.TTT_CHAINS_ON_POLICY, options.TTT_CHAINS_RESCORED}),
     (choices.ATTENTIONS, {options.ATTENTION_LLAMA, options.ATTENTION_MLA}),
 ])
 def test_each_valid_value_is_one_the_code_acts_on_and_no_other(valid, acted_on):

@@ -417,3 +417,10 @@ def test_a_deeper_draft_is_refused_only_where_sglang_serves_it():
     assert "EAGLE3 currently only supports 1 layer" in errors[0] and "valid: 1 for sglang" in errors[0]
     assert errors_for(["model.draft.num_layers=0"]) == ["model.draft.num_layers: 0 -- must be a positive number; "
                                                          "valid: > 0"]
+
+
+def test_rescored_chains_refuse_packed_rows():
+    errors = errors_for(["variant=rescored", "train.packing=true"])
+    assert errors == ["train.packing: true -- train.ttt_chains=rescored scores each sample's chains as one prefix "
+                      "tree and reads right-padded rows; valid: false, or train.ttt_chains=all"]
+    assert errors_for(["variant=rescored"]) == []
