@@ -37,7 +37,8 @@ import torch  # noqa: E402
 from eagle3.draft.geometry import DraftGeometry, geometry_from_target  # noqa: E402
 from eagle3.draft.model import Eagle3Draft, count_trainable  # noqa: E402
 from eagle3.draft.speculative import Eagle3Drafter  # noqa: E402
-from eagle3.draft.ttt import teacher_targets, ttt_forward  # noqa: E402
+from eagle3.draft.teacher import teacher_targets  # noqa: E402
+from eagle3.draft.ttt import ttt_forward  # noqa: E402
 from eagle3.layer_ids import default_capture_layers  # noqa: E402
 from eagle3.target_info import read_config  # noqa: E402
 

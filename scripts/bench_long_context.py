@@ -31,7 +31,8 @@ import torch
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.packing import collate_packed
-from eagle3.draft.ttt import teacher_positions, teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_positions, teacher_targets
+from eagle3.draft.ttt import ttt_forward
 
 #: hidden, heads, kv heads, intermediate, draft vocab, target vocab (scripts/bench_train.py's targets).
 GEOMETRIES = {"demo": (256, 4, 4, 704, 2048, 8192), "smollm2": (576, 9, 3, 1536, 32000, 49152)}

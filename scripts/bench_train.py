@@ -56,7 +56,8 @@ from eagle3.config.schema import TrainConfig
 from eagle3.draft.geometry import DraftGeometry, config_geometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.shapes import draft_cost
-from eagle3.draft.ttt import teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_targets
+from eagle3.draft.ttt import ttt_forward
 
 
 def geometry(hidden: int, draft_vocab: int, vocab: int) -> DraftGeometry:

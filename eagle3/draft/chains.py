@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from eagle3.draft.ttt import Teacher
+    from eagle3.draft.teacher import Teacher
 
 #: alpha below this counts as this (nla's -log alpha; D-PACE's normalisation of a chain with no overlap).
 ALPHA_FLOOR = 1e-6

@@ -22,8 +22,9 @@ from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.options import LR_SCHEDULES, TEACHER_DRAFT_VOCAB
 from eagle3.draft.rescoring import Rescorer
+from eagle3.draft.teacher import teacher_from_topk, teacher_positions, teacher_targets
 from eagle3.draft.teacher_head import TeacherHead
-from eagle3.draft.ttt import add_state_noise, teacher_from_topk, teacher_positions, teacher_targets, ttt_forward
+from eagle3.draft.ttt import add_state_noise, ttt_forward
 
 
 def lr_multiplier(step: int, total: int, warmup: int, floor: float = 0.1, schedule: str = "cosine") -> float:

@@ -22,8 +22,8 @@ import torch
 from eagle3.draft.attention import TTTAttention
 from eagle3.draft.chains import Rollout
 from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.teacher import Teacher, teacher_targets
 from eagle3.draft.teacher_head import TeacherHead
-from eagle3.draft.ttt import Teacher, teacher_targets
 
 #: Rows whose draft-vocab logits exist at once while drafting (x 32K floats: 128 MiB).
 ARGMAX_CHUNK_ROWS = 1024

@@ -103,7 +103,7 @@ def teacher_topk(final: torch.Tensor, head: torch.Tensor, k: int = COMPACT_TOPK,
                  chunk_tokens: int = TEACHER_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's k most likely next tokens at each position, as the trainer's teacher reads them.
 
-    The logits are `final @ head.T` in float32, as `eagle3.draft.ttt.teacher_targets` computes
+    The logits are `final @ head.T` in float32, as `eagle3.draft.teacher.teacher_targets` computes
     them from a stored final state, so a compact store's teacher is that teacher cut to its top k.
 
     Args:

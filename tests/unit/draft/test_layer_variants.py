@@ -14,7 +14,7 @@ from eagle3.draft.fit import export_engines
 from eagle3.draft.lightning_module import lr_multiplier
 from eagle3.draft.optim import MuonAdamW, is_muon_param, orthogonalize
 from eagle3.draft.options import LAYER_VARIANTS
-from eagle3.draft.ttt import teacher_targets
+from eagle3.draft.teacher import teacher_targets
 from tests.conftest import run_cli
 from tests.unit.draft.test_export import geometry, make_draft, read_config
 

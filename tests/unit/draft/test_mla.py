@@ -10,7 +10,8 @@ from eagle3.draft.attention import DraftKVCache, TTTAttention, ttt_attention
 from eagle3.draft.geometry import geometry_from_target
 from eagle3.draft.mla import MLADraftAttention
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.ttt import teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_targets
+from eagle3.draft.ttt import ttt_forward
 from tests.unit.draft.test_ttt import dense_ttt_attention, naive_ttt_loss, tiny_geometry
 
 MLA = dict(attention="mla", num_key_value_heads=2, q_lora_rank=6, kv_lora_rank=10, qk_nope_head_dim=4,

@@ -14,7 +14,8 @@ import torch
 from eagle3.draft.attention import ttt_attention
 from eagle3.draft.batching import TokenBudgetBatchSampler, collate_padded, plan_token_batches
 from eagle3.draft.packing import collate_packed, pack_rows, row_layout
-from eagle3.draft.ttt import teacher_positions, teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_positions, teacher_targets
+from eagle3.draft.ttt import ttt_forward
 from tests.unit.draft.test_ttt import dense_attends, tiny_draft
 
 LENGTHS = [300, 20, 700, 512, 1100, 90, 256, 256, 64, 5, 480, 33, 1024, 7, 150, 2000, 40, 610]

@@ -17,7 +17,8 @@ from eagle3.draft.geometry import geometry_from_target
 from eagle3.draft.model import Eagle3Draft
 from eagle3.draft.rescoring import chain_nodes, draft_chains, rescore
 from eagle3.draft.speculative import Eagle3Drafter
-from eagle3.draft.ttt import teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_targets
+from eagle3.draft.ttt import ttt_forward
 from eagle3.target.decoder import find_decoder
 from eagle3.target.tree import TreeScorer
 from eagle3.target_info import read_config

@@ -9,7 +9,7 @@ from eagle3.config.schema import TrainConfig
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.lightning_module import DraftModule
 from eagle3.draft.teacher_head import TeacherHead
-from eagle3.draft.ttt import teacher_targets
+from eagle3.draft.teacher import teacher_targets
 
 VOCAB, HIDDEN, DRAFT_VOCAB = 3000, 48, 1000
 
@@ -79,7 +79,8 @@ def test_teacher_targets_takes_a_split_head_or_a_plain_one_alike():
     unscreened = teacher_targets(final, TeacherHead.build(head, draft_ids, screen=False), draft_ids)
     for other in (split, unscreened):
         assert torch.equal(plain.argmax, other.argmax)
-        torch.testing.assert_close(plain.probs, other.probs, rtol=1e-5, atol=1e-7)
+        # float32 summation order: the chunking and the CPU's GEMM blocking (it varies with the load) differ
+        torch.testing.assert_close(plain.probs, other.probs, rtol=5e-5, atol=1e-7)
     with pytest.raises(ValueError, match="another draft vocab"):
         teacher_targets(final, TeacherHead.build(head, draft_ids[:-1]), draft_ids)
 

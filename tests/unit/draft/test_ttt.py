@@ -12,7 +12,8 @@ from eagle3.draft.acceptance import chain_accept_length, simulated_accept_length
 from eagle3.draft.attention import DraftKVCache, apply_rope, rope_cos_sin, ttt_attention
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.model import Eagle3Draft
-from eagle3.draft.ttt import teacher_targets, ttt_forward
+from eagle3.draft.teacher import teacher_targets
+from eagle3.draft.ttt import ttt_forward
 
 
 def dense_ttt_attention(q, keys, values):
@@ -117,7 +118,7 @@ def test_loss_equals_hand_computed_kl_for_a_uniform_draft():
         draft.lm_head.weight.zero_()
     p = torch.tensor([[0.5, 0.25, 0.125, 0.0625, 0.0625]] * 6).unsqueeze(0)  # [1, 6, 5]
     teacher_argmax = torch.zeros(1, 6, dtype=torch.long)
-    from eagle3.draft.ttt import Teacher
+    from eagle3.draft.teacher import Teacher
 
     teacher = Teacher.dense(p, teacher_argmax)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
@@ -318,7 +319,7 @@ def _loss_and_grads(draft, batch, teacher, **kw):
 
 def test_teacher_rows_at_the_read_positions_only_change_nothing():
     """A teacher computed only where a loss reads it gives the dense teacher's loss, metrics and gradients."""
-    from eagle3.draft.ttt import teacher_positions
+    from eagle3.draft.teacher import teacher_positions
 
     draft, head = tiny_draft(11)
     batch = _padded_batch()

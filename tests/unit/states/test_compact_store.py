@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eagle3.draft.batching import collate_padded
-from eagle3.draft.ttt import teacher_from_topk, teacher_targets
+from eagle3.draft.teacher import teacher_from_topk, teacher_targets
 from eagle3.states import codec, formats
 from eagle3.states.dataset import HiddenStateDataset
 from eagle3.states.store import HiddenStateStore
