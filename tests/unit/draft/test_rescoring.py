@@ -28,20 +28,8 @@ DRAFT_VOCAB = 512
 STEPS = 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One-token forwards of a 256-wide model gain nothing from intra-op threads (their spin-waits cost)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(DEMO_TARGET_PATH, dtype=torch.float32).eval()
+# the demo target and one intra-op thread: tests/unit/draft/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

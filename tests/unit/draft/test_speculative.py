@@ -35,21 +35,8 @@ MAX_NEW = 48
 _ROLE = {"system": "system", "human": "user", "gpt": "assistant"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Batch-1 decoding of a 256-wide model gains nothing from intra-op threads, and on a shared
-    CPU their spin-waits make it dozens of times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target():
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(DEMO_TARGET_PATH, dtype=torch.float32).eval()
+# the demo target and one intra-op thread: tests/unit/draft/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import torch
 from eagle3.config.schema import TrainConfig
 from eagle3.draft.geometry import DraftGeometry
 from eagle3.draft.lightning_module import DraftModule
-from eagle3.draft.teacher_head import TeacherHead
 from eagle3.draft.teacher import teacher_targets
+from eagle3.draft.teacher_head import TeacherHead
 
 VOCAB, HIDDEN, DRAFT_VOCAB = 3000, 48, 1000
 
