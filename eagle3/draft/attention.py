@@ -62,8 +62,7 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 
 def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: torch.Tensor, vd: torch.Tensor,
-                     start: int, scale: float, starts: torch.Tensor | None = None,
-                     offsets: torch.Tensor | None = None) -> torch.Tensor:
+                     start: int, scale: float, starts: torch.Tensor | None = None) -> torch.Tensor:
     """One query block against its causal prefix and its own diagonal keys.
 
     Shapes (G = query heads per kv head, b = block length, e = start + b - first key, S = diagonal
@@ -71,16 +70,10 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
     v0 `[B, Hkv, 1, e, Dv]`, kd `[B, Hkv, 1, b, S, D]`, vd `[B, Hkv, 1, b, S, Dv]`.
     Packed rows: `starts` `[B, b]` is where each query's sample starts, counted from the block's
     first key (the prefix need not start at 0); a query then sees the keys of its own sample only.
-    Live windows: `offsets` `[B]` shifts each row's queries, query i of row r sitting at key index
-    `offsets[r] + start + i`. The mask is built here, so backward recomputes it instead of keeping
-    `b x e` per block.
+    The mask is built here, so backward recomputes it instead of keeping `b x e` per block.
     """
     b, e = q.shape[-2], k0.shape[-2]
-    if offsets is None:
-        causal = (q.new_ones(b, e, dtype=torch.bool)).tril(diagonal=start)  # query i sees keys <= start + i
-    else:
-        last = offsets.unsqueeze(1) + start + torch.arange(b, device=q.device)  # [B, b] its last key
-        causal = (torch.arange(e, device=q.device) <= last.unsqueeze(-1))[:, None, None]  # [B, 1, 1, b, e]
+    causal = (q.new_ones(b, e, dtype=torch.bool)).tril(diagonal=start)  # query i sees keys <= start + i
     if starts is not None:  # and keys >= the start of its sample
         causal = causal & (torch.arange(e, device=q.device) >= starts.unsqueeze(-1))[:, None, None]  # [B,1,1,b,e]
     s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, Hkv, G, b, e]
@@ -92,8 +85,7 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
 
 
 def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-                  block_size: int, starts: torch.Tensor | None = None,
-                  offsets: torch.Tensor | None = None) -> torch.Tensor:
+                  block_size: int, starts: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of step k = len(keys) - 1 of the training-time test.
 
     Args:
@@ -103,15 +95,10 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
         block_size: Query rows per block; peak score memory is `B * Hq * block_size * T`.
         starts: Packed rows: `[B, T]` row index of the first token of each position's sample; a
             query attends to the step-0 keys of its own sample only. None: one sample per row.
-        offsets: Live windows (`eagle3.draft.window`, steps k >= 1, not with `starts`): `[B]` the
-            position of each row's first query. q and the keys/values of steps 1..k then cover W
-            columns each, the step-0 keys the whole row.
 
     Returns:
-        `[B, Hq, T, Dv]` (W columns with `offsets`).
+        `[B, Hq, T, Dv]`.
     """
-    if offsets is not None and starts is not None:
-        raise ValueError("ttt_attention: live windows (offsets) are for unpacked rows, not with packed starts")
     bsz, hq, seq, dim = q.shape
     hkv, value_dim = keys[0].shape[1], values[0].shape[-1]
     groups = hq // hkv
@@ -128,15 +115,13 @@ def ttt_attention(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequenc
     blocks = range(0, seq, block_size)
     if starts is not None:  # each block's first key: the earliest sample start among its queries
         firsts = starts[:, ::block_size].amin(0).tolist()  # a row's starts never decrease
-    shift = int(offsets.max()) if offsets is not None else 0  # the furthest any row's queries sit right
     outs = []
     for number, start in enumerate(blocks):
         end = min(seq, start + block_size)
         first = firsts[number] if starts is not None else 0
         own = starts[:, start:end] - first if starts is not None else None  # [B, b]
-        last = min(k0.shape[-2], end + shift)  # keys past every query of the block are never read
-        args = (qg[..., start:end, :], k0[..., first:last, :], v0[..., first:last, :], kd[..., start:end, :, :],
-                vd[..., start:end, :, :], start - first, scale, own, offsets)
+        args = (qg[..., start:end, :], k0[..., first:end, :], v0[..., first:end, :], kd[..., start:end, :, :],
+                vd[..., start:end, :, :], start - first, scale, own)
         outs.append(checkpoint(_block_attention, *args, use_reentrant=False) if grad else _block_attention(*args))
     return torch.cat(outs, dim=-2).view(bsz, hq, seq, value_dim)
 
@@ -151,7 +136,6 @@ class TTTAttention:
 
     def __init__(self, num_layers: int, block_size: int, starts: torch.Tensor | None = None) -> None:
         self.block_size, self.starts = block_size, starts
-        self.offsets: torch.Tensor | None = None  # set once the steps after the first run on live windows
         self.keys: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.values: list[list[torch.Tensor]] = [[] for _ in range(num_layers)]
         self.attends = [partial(self._attend, layer) for layer in range(num_layers)]
@@ -159,7 +143,7 @@ class TTTAttention:
     def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.keys[layer].append(k)
         self.values[layer].append(v)
-        return ttt_attention(q, self.keys[layer], self.values[layer], self.block_size, self.starts, self.offsets)
+        return ttt_attention(q, self.keys[layer], self.values[layer], self.block_size, self.starts)
 
 
 class DraftKVCache:

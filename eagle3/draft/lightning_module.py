@@ -108,8 +108,7 @@ class DraftModule(L.LightningModule):
                            teacher, steps=self.steps, decay=t.ttt_decay, out_of_vocab=t.out_of_vocab,
                            block_size=t.attention_block, logits_budget_bytes=t.logits_memory_gb * 2**30,
                            loss=t.loss, step_weights=t.step_weights,
-                           dpace_smoothing=t.dpace_smoothing, ttt_chains=t.ttt_chains, rollout=rollout,
-                           positions=packed.get("positions"), segment_ends=packed.get("segment_ends"))
+                           dpace_smoothing=t.dpace_smoothing, ttt_chains=t.ttt_chains, rollout=rollout, **packed)
 
     def _split_head(self) -> TeacherHead:
         """The teacher head split by the draft vocab, built once (not per batch: ~0.3 s at V = 262K).

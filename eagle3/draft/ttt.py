@@ -40,7 +40,6 @@ from eagle3.draft.options import (
     TTT_CHAINS_ON_POLICY,
 )
 from eagle3.draft.teacher import Teacher
-from eagle3.draft.window import LiveWindow
 
 
 def add_state_noise(aux: torch.Tensor, captures: int, scale: float) -> torch.Tensor:
@@ -190,15 +189,12 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
                 step_weights: str = STEP_WEIGHTS[0], dpace_smoothing: float = 0.0,
                 ttt_chains: str = TTT_CHAINS[0], positions: torch.Tensor | None = None,
-                segment_ends: torch.Tensor | None = None, rollout: Rollout | None = None,
-                live_window: bool = True) -> TTTOutput:
+                segment_ends: torch.Tensor | None = None, rollout: Rollout | None = None) -> TTTOutput:
     """Unroll `steps` draft steps over a right-padded batch.
 
     The draft-vocab head runs only on the positions that count (loss-masked, inside the sample):
     prompts and padding cost the decoder layer, not the head that dominates a step at a 32K draft
-    vocab; and the steps after the first run the layer only on each row's live window
-    (`eagle3.draft.window`, `live_window`), not on the leading prompt no later step can count at.
-    Each step's logits are kept for its backward while the steps' total stays within
+    vocab. Each step's logits are kept for its backward while the steps' total stays within
     `logits_budget_bytes`; past it a step recomputes them in backward (activation checkpointing),
     which costs one more head product but bounds memory at any batch size.
 
@@ -213,8 +209,6 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             one sample per row, at positions 0, 1, ...
         rollout: `train.ttt_chains=rescored` (`eagle3.draft.rescoring.rescore`): steps after the first read
             the draft's own tokens and learn toward the target's score of them, on the started chains only.
-        live_window: False runs every step on every position (the reference the window is tested
-            against); packed rows always do.
     """
     if out_of_vocab not in OUT_OF_VOCAB_POLICIES:
         raise ValueError(f"train.out_of_vocab={out_of_vocab!r}; valid: {', '.join(OUT_OF_VOCAB_POLICIES)}")
@@ -235,9 +229,6 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     if positions is not None and segment_ends is not None:
         ends, starts, rope_pos = segment_ends, pos - positions, positions  # [B, T] each
     attention = TTTAttention(draft.geometry.num_layers, block_size, starts)
-    window = LiveWindow.of(loss_mask, lengths, steps) if live_window and not packed and steps > 1 else None
-    cols = pos.expand(bsz, seq)  # [B, C] the position each column of this step's states stands for
-    ends = ends.expand(bsz, seq)
     on_policy = UnbrokenChains(bsz, seq, device) if ttt_chains == TTT_CHAINS_ON_POLICY else None
     draft_ids = draft.draft_ids()  # [Vd] the target id of each draft id, once (on_policy compares ids)
     agreeing = UnbrokenChains(bsz, seq, device)
@@ -252,27 +243,24 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         span = seq - shift  # positions t with an input token
         if span <= 0:
             break
-        if k == 1 and window is not None:  # from here on, only the columns some step can still count at
-            hidden, cols, attention.offsets = window.gather(hidden), window.cols, window.starts
-            rope_pos = cols
         on_chain = rollout if k > 0 else None  # reads the draft's own tokens, learns the target's score of them
         step_teacher = on_chain.teachers[k - 1] if on_chain is not None else teacher
-        at = cols.clamp(max=seq - 1)  # [B, C] (a column past the row's end never counts)
-        ends_at = ends.gather(1, at)  # [B, C] where each column's sample ends
-        read = cols + shift  # the data's token each column reads
-        tokens = input_ids.gather(1, read.clamp(max=seq - 1)).masked_fill(read >= seq, 0)
+        tokens = torch.zeros_like(input_ids)
+        tokens[:, :span] = input_ids[:, shift:]
         if on_chain is not None:
-            tokens = on_chain.tokens[k - 1].gather(1, at)
+            tokens = on_chain.tokens[k - 1]
         if packed:  # the next sample's tokens are not this one's: read 0 past the end, as a lone sample does
-            tokens = tokens.masked_fill(read >= ends_at, 0)
-        state = draft.step(hidden, tokens, rope_pos + k, attention.attends)  # [B, C, H]
+            tokens = tokens.masked_fill(pos + shift >= ends, 0)
+        state = draft.step(hidden, tokens, rope_pos + k, attention.attends)  # [B, T, H]
 
-        j = read + 1  # the predicted token's index, per column
-        count = (j < ends_at) & mask.gather(1, j.clamp(max=seq - 1))  # [B, C] (j < the end < seq)
+        j = pos[:span] + shift + 1  # predicted token index per position t < span
+        in_sample = j.unsqueeze(0) < ends[:, :span]  # [B, span]
+        target_mask = torch.zeros_like(in_sample)
+        target_mask[:, :span - 1] = mask[:, shift + 1:]
+        count = in_sample & target_mask
         if on_chain is not None:
-            count = count & on_chain.started.gather(1, at)
-        b_idx, c_idx = count.nonzero(as_tuple=True)  # [N] the predictions that count
-        t_idx = cols[b_idx, c_idx]  # their chain starts (positions)
+            count = count & on_chain.started[:, :span]
+        b_idx, t_idx = count.nonzero(as_tuple=True)  # [N] the predictions that count
         target = step_teacher.argmax[b_idx, t_idx + shift]  # [N]
         rows = step_teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
@@ -280,7 +268,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             weight = weight & on_policy.keep(b_idx, t_idx)
         neg_entropy = step_teacher.neg_entropy
         assert neg_entropy is not None  # set by Teacher.__post_init__
-        args = (draft, state[b_idx, c_idx], step_teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
+        args = (draft, state[b_idx, t_idx], step_teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
         if grad and kept_bytes + step_bytes > logits_budget_bytes:
             row_loss, pred, alpha = checkpoint(_loss_terms, *args, use_reentrant=False)
