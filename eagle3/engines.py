@@ -37,8 +37,13 @@ VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGL
 #: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
 #: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
 #: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
-#: "Draft recipe ablations"); SGLang does not serve norm_before_residual, so its drafts keep the plain layer.
-SERVING_LAYER = {VLLM: ("norm_before_residual",), IN_PROCESS: ("norm_before_residual",), SGLANG: ()}
+#: "Draft recipe ablations"): fc_norm keeps a target whose deeper layers' states are 15x larger
+#: (Gemma 3) from steering fc by scale alone. SGLang does not serve norm_before_residual.
+SERVING_LAYER = {VLLM: ("norm_before_residual", "fc_norm"), IN_PROCESS: ("norm_before_residual", "fc_norm"),
+                 SGLANG: ("fc_norm",)}
+#: A default-on variant yields to the variant it excludes when that one is set: `norm_before_fc=true`
+#: alone gets its single norm, not a refusal for having both (eagle3.draft.geometry.geometry_refusals).
+YIELDS_TO = {"fc_norm": "norm_before_fc"}
 #: The most decoder layers (`model.draft.num_layers`) each engine's EAGLE-3 draft model builds
 #: (None: any number). SGLang's llama_eagle3.py raises "EAGLE3 currently only supports 1 layer"
 #: for num_hidden_layers != 1; vLLM 0.32's builds num_hidden_layers layers, the first reading
@@ -46,11 +51,15 @@ SERVING_LAYER = {VLLM: ("norm_before_residual",), IN_PROCESS: ("norm_before_resi
 ENGINE_MAX_DRAFT_LAYERS = {SGLANG: 1, VLLM: None}
 
 
-def serving_layer_default(variant: str, backend: str) -> bool:
-    """Whether `variant` is on by default for a draft served by `backend` (see SERVING_LAYER)."""
+def serving_layer_default(variant: str, backend: str, excluding_variant_on: bool = False) -> bool:
+    """Whether `variant` is on by default for a draft served by `backend` (see SERVING_LAYER).
+
+    Args:
+        excluding_variant_on: whether the variant it yields to (YIELDS_TO) is on; then it is off.
+    """
     if variant not in LAYER_VARIANTS:
         raise ValueError(f"unknown draft layer variant {variant!r}; valid: {', '.join(LAYER_VARIANTS)}")
-    return variant in SERVING_LAYER.get(backend, ())
+    return variant in SERVING_LAYER.get(backend, ()) and not (variant in YIELDS_TO and excluding_variant_on)
 
 
 # What a launcher or client switches on besides the names.

@@ -75,11 +75,12 @@ class DraftGeometryConfig:
     num_layers: int = setting(1, gt=0)
     # Layer variants (eagle3.engines.LAYER_VARIANTS says what each does; vLLM serves all, SGLang all but
     # norm_before_residual: VARIANT_ENGINES; a draft is exported for those that serve it).
-    # norm_before_residual follows the serving engine (eagle3.engines.SERVING_LAYER): on for vLLM (and
-    # hf), off for SGLang.
+    # norm_before_residual and fc_norm follow the serving engine (eagle3.engines.SERVING_LAYER):
+    # norm_before_residual on for vLLM (and hf), off for SGLang; fc_norm on for all, off when
+    # norm_before_fc is set (the two exclude each other).
     norm_before_residual: bool = II("eagle3_serving_layer:norm_before_residual,${server.backend}")
     norm_before_fc: bool = False
-    fc_norm: bool = False
+    fc_norm: bool = II("eagle3_serving_layer:fc_norm,${server.backend},${.norm_before_fc}")
     norm_output: bool = False
     # The layer's attention (eagle3.draft.options says what each is); mla's fields below: null = the target's.
     attention: str = setting("llama", Attention)

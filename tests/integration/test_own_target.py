@@ -44,7 +44,8 @@ def test_stage_all_on_my_llama_and_my_jsonl_with_only_path_files_and_track(tmp_p
     # The layer follows the serving engine (eagle3.draft.options.SERVING_LAYER): with no engine named
     # (server=hf) a model=auto draft gets vLLM's winning variant, so it is exported for vLLM alone.
     assert sorted(p.name for p in (trained / "draft").iterdir()) == ["vllm"]
-    assert json.loads((trained / "draft" / "vllm" / "config.json").read_text())["norm_before_residual"] is True
+    exported_layer = json.loads((trained / "draft" / "vllm" / "config.json").read_text())
+    assert exported_layer["norm_before_residual"] is True and exported_layer["fc_norm"] is True
     for engine in ("vllm",):
         export = trained / "draft" / engine
         geometry, written_for, _ = load_exported(export)

@@ -12,9 +12,9 @@ position, and the state the step hands the next one (`Eagle3Draft.carry`; SGLang
 state) within the same tolerance. The same aux states with their capture blocks in another order
 must move SGLang's logits far past that tolerance, so the comparison can fail.
 
-(a) The shared demo chain's draft trained with the plain layer SGLang serves, its `draft/sglang`
-export (`LlamaForCausalLMEagle3`): the chain's default draft is vLLM's norm_before_residual layer,
-exported for vLLM alone.
+(a) The shared demo chain's draft trained with the layer SGLang serves by default (fc_norm, no
+norm_before_residual), its `draft/sglang` export (`LlamaForCausalLMEagle3`): the chain's default
+draft is vLLM's norm_before_residual layer, exported for vLLM alone.
 (b) An MLA draft for the Kimi-shaped demo target (`Eagle3DeepseekV2ForCausalLM`): randomly
 initialised (norms too) and exported with `export_draft`, no training chain. SGLang runs it twice:
 MHA (its prefill path) and the absorbed latent attention (its spec-v2 draft extend and decode path).
@@ -161,8 +161,9 @@ def _compare(python: str, export: Path, target: Path, work: Path,
 
 def test_sglang_llama_draft_class_gives_the_demo_chain_exports_logits(sglang_python, demo_chain, tmp_path):
     # The chain's default draft has vLLM's norm_before_residual layer (it follows server.backend:
-    # eagle3.engines.SERVING_LAYER), which SGLang does not serve, so it has no SGLang export. The
-    # plain layer trained on the same chain (its data and schedule; only the train unit is new) has.
+    # eagle3.engines.SERVING_LAYER), which SGLang does not serve, so it has no SGLang export. SGLang's
+    # default layer (fc_norm alone) trained on the same chain (its data and schedule; only the train
+    # unit is new) has.
     root = demo_chain.root
     before = unit_dirs(root, "train")
     done = run_cli(["stage=train", *demo_chain.overrides, "model.draft.norm_before_residual=false",

@@ -58,7 +58,7 @@ def unit_for(root: Path, before: set[Path]) -> Path:
 @pytest.mark.slow
 def test_train_writes_metrics_checkpoints_and_both_exports(chain_root):
     before = set(unit_dirs(chain_root)) if (chain_root / "train").exists() else set()
-    # The plain layer (the demo's default variant is vLLM-only: tests/unit/draft/test_layer_variants.py).
+    # SGLang's layer (the demo's default norm_before_residual is vLLM-only: eagle3.engines.VARIANT_ENGINES).
     done = train_cli(chain_root, "train.max_epochs=2", "model.draft.norm_before_residual=false",
                      "train.progress_every_s=0")
     assert done.returncode == 0, done.stderr[-3000:]

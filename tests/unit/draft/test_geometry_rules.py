@@ -34,7 +34,7 @@ def _train_geometry(overrides):
     """The geometry stage train builds for this config."""
     settings = to_settings(compose_config(list(overrides)))
     return draft_geometry(settings.model, settings.paths.hf_cache)
-# The demo's draft is a layer variant SGLang lacks; these cases judge the plain layer unless they say otherwise.
+# The demo's draft is a layer variant SGLang lacks; these cases judge SGLang's layer unless they say otherwise.
 PLAIN = ("model.draft.norm_before_residual=false",)
 ALL = set(ENGINES)
 
@@ -152,6 +152,21 @@ def test_a_config_never_asks_for_rope_scaling_the_export_would_refuse():
     g = config_geometry({**model, "draft": dict(model["draft"])})
     assert g.rope_scaling is None and geometry_refusals(g, "sglang") == []
     assert GeometryRefusal("rope_scaling", "x", "null", "y").config_key == "model.path"
+
+
+@pytest.mark.parametrize("server", ["hf", "vllm", "sglang"])
+def test_fc_norm_is_on_for_every_engine_unless_norm_before_fc_is_asked_for(server):
+    """The default layer normalises each captured state before fc (eagle3.engines.SERVING_LAYER), which
+    every engine serves; asking for norm_before_fc alone turns it off instead of failing validation."""
+    g = _train_geometry([f"server={server}"])
+    assert g.fc_norm and not g.norm_before_fc
+    assert g.norm_before_residual is (server != "sglang")
+    assert geometry_refusals(g, "vllm") == [] and check_config(compose_config([f"server={server}"])) == []
+    single = _train_geometry([f"server={server}", "model.draft.norm_before_fc=true"])
+    assert single.norm_before_fc and not single.fc_norm
+    assert check_config(compose_config([f"server={server}", "model.draft.norm_before_fc=true"])) == []
+    # Off on request; both on is still refused (the case two_input_norms above).
+    assert not _train_geometry([f"server={server}", "model.draft.fc_norm=false"]).fc_norm
 
 
 @pytest.mark.parametrize("capture", [(0, 4, 5), (2, 4), (1, 2, 4, 5)])

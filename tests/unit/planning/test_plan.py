@@ -206,4 +206,4 @@ def test_plan_says_which_engines_get_the_draft(tmp_path):
            "layers for sglang" in out
     (tmp_path / "plain").mkdir()
     plain = _run(["stage=plan", "model.draft.norm_before_residual=false"], tmp_path / "plain")
-    assert plain.returncode == 0 and "draft export:" not in plain.stdout  # both engines serve the plain layer
+    assert plain.returncode == 0 and "draft export:" not in plain.stdout  # both engines serve fc_norm alone
