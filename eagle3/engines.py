@@ -37,8 +37,9 @@ VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGL
 #: The layer a draft gets unless `model.draft.<variant>` is set, by the engine that will serve it
 #: (`server.backend`; `hf` = no engine yet, the draft is exported for those that serve it). The
 #: variants an engine serves that won the ablation on two targets x two seeds (BENCHMARKS.md
-#: "Draft recipe ablations"): fc_norm keeps a target whose deeper layers' states are 15x larger
-#: (Gemma 3) from steering fc by scale alone. SGLang does not serve norm_before_residual.
+#: "Draft recipe ablations"; fc_norm by +0.3 % / +1.0 % there): fc_norm also keeps a target whose
+#: deeper layers' states are 15x larger (Gemma 3) from steering fc by scale alone. SGLang does not
+#: serve norm_before_residual.
 SERVING_LAYER = {VLLM: ("norm_before_residual", "fc_norm"), IN_PROCESS: ("norm_before_residual", "fc_norm"),
                  SGLANG: ("fc_norm",)}
 #: A default-on variant yields to the variant it excludes when that one is set: `norm_before_fc=true`
