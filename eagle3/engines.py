@@ -40,8 +40,8 @@ VARIANT_ENGINES = {"norm_before_residual": (VLLM,), "norm_before_fc": (VLLM, SGL
 #: "Draft recipe ablations"; fc_norm by +0.3 % / +1.0 % there): fc_norm also keeps a target whose
 #: deeper layers' states are 15x larger (Gemma 3) from steering fc by scale alone. SGLang does not
 #: serve norm_before_residual.
-SERVING_LAYER = {VLLM: ("norm_before_residual", "fc_norm"), IN_PROCESS: ("norm_before_residual", "fc_norm"),
-                 SGLANG: ("fc_norm",)}
+_VLLM_LAYER = ("norm_before_residual", "fc_norm")
+SERVING_LAYER = {VLLM: _VLLM_LAYER, IN_PROCESS: _VLLM_LAYER, SGLANG: ("fc_norm",)}
 #: A default-on variant yields to the variant it excludes when that one is set: `norm_before_fc=true`
 #: alone gets its single norm, not a refusal for having both (eagle3.draft.geometry.geometry_refusals).
 YIELDS_TO = {"fc_norm": "norm_before_fc"}

@@ -41,7 +41,7 @@ def test_stage_all_on_my_llama_and_my_jsonl_with_only_path_files_and_track(tmp_p
     [tokenized] = [Manifest.load(d) for d in (root / "tokenize").iterdir()]
     assert tokenized.counts["out"] == 40 and not tokenized.counts["rejected"]
     [trained] = list((root / "train").iterdir())
-    # The layer follows the serving engine (eagle3.draft.options.SERVING_LAYER): with no engine named
+    # The layer follows the serving engine (eagle3.engines.SERVING_LAYER): with no engine named
     # (server=hf) a model=auto draft gets vLLM's winning variant, so it is exported for vLLM alone.
     assert sorted(p.name for p in (trained / "draft").iterdir()) == ["vllm"]
     exported_layer = json.loads((trained / "draft" / "vllm" / "config.json").read_text())

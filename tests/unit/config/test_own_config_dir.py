@@ -152,7 +152,7 @@ def test_a_missing_config_dir_is_named(team, tmp_path):
 def test_stage_all_with_a_user_config_dir_exports_the_yamls_capture(team, tmp_path):
     root = tmp_path / "artifacts"
     # SGLang's layer (fc_norm alone), so both engines get an export (server=hf defaults to vLLM's
-    # norm_before_residual too, exported for vLLM only: eagle3.draft.options.SERVING_LAYER).
+    # norm_before_residual too, exported for vLLM only: eagle3.engines.SERVING_LAYER).
     done = run_cli(["--config-dir", str(team["conf"]), "experiment=my_run", "stage=all", f"paths.root={root}",
                     "model.draft.norm_before_residual=false"], cwd=team["cwd"])
     assert done.returncode == 0, done.stderr[-3000:]
