@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-from eagle3.threads import concurrent_jobs, job_threads, ranks_share_cores
+from eagle3.threads import (
+    ONEDNN_PRIMITIVE_CACHE,
+    concurrent_jobs,
+    configure_job_threads,
+    job_threads,
+    ranks_share_cores,
+)
 
 JOBLIB = {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", "n_jobs": 2}
 BASIC = {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}
@@ -23,6 +29,24 @@ def test_one_job_at_a_time_keeps_every_core_and_an_explicit_count_wins():
     assert concurrent_jobs(JOBLIB, multirun=False, cores=8) == 1  # a plain run is one job
     assert job_threads(None, 1, 8) == 8
     assert job_threads(3, 2, 8) == 3
+
+
+def test_a_job_keeps_an_epochs_cpu_kernels_unless_its_environment_says_otherwise(monkeypatch):
+    """oneDNN's kernel cache holds an epoch's matmul shapes (its default 1,024 did not: every epoch
+    rebuilt them); a capacity the user's environment sets is left alone."""
+    import torch
+
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    try:
+        configure_job_threads(threads, None, multirun=False)
+        assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_PRIMITIVE_CACHE) == "16384"
+        monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "2048")
+        configure_job_threads(threads, None, multirun=False)
+        assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "2048"
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_cpu_ranks_share_the_jobs_threads_while_training(monkeypatch):
