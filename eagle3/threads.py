@@ -24,7 +24,7 @@ JOBLIB_LAUNCHER = "joblib"
 #: oneDNN's cache of built kernels (one per matmul shape, bf16 on a CPU). Its default, 1,024, is fewer
 #: than the shapes of one epoch of length-sorted draft batches (each batch's forward and backward
 #: products), so every epoch rebuilt them all in turn; 16,384 keeps them: the demo's 10-epoch
-#: training ~1.1x faster in 15 % less memory (BENCHMARKS.md, "Throughput of one training step").
+#: training ~1.1x faster in 15 % less memory (BENCHMARKS.md, "oneDNN's kernel cache over the epochs").
 #: An environment that sets ONEDNN_PRIMITIVE_CACHE_CAPACITY keeps its own.
 ONEDNN_PRIMITIVE_CACHE = 16384
 
