@@ -137,7 +137,9 @@ class DatasetSourceConfig:
     data_files: Optional[list[str]] = None  # local json / jsonl / parquet
     generator: Optional[str] = setting(None, Generator)  # built in the package (eagle3.demo.datasets)
     # generator demo_native: the target whose sampled answers it holds (conf/dataset/demo_native.yaml).
-    answered_by: Optional[str] = None
+    # Stage demo_data keys its output by that target's identity (its bytes, not its path), and prep by
+    # demo_data's output: a checkout elsewhere, whose demo target lies at another path, reuses the chain.
+    answered_by: Optional[str] = use_field(None)
     num_samples: Optional[int] = setting(None, gt=0)  # None = all
     weight: float = use_field(1.0, ge=0)  # mixture weight (merge stage)
     streaming: bool = False

@@ -22,8 +22,9 @@ class SpeculativeConfig:
 
     algorithm: Optional[str] = setting(None, SPEC_ALGORITHMS)  # None = speculation off
     # An export directory (eagle3.draft.export) for this engine; None = the export of this
-    # config's complete train output (stage=serve finds it).
-    draft_path: Optional[str] = None
+    # config's complete train output (stage=serve finds it). Where it lies keys nothing: stage bench
+    # keys the draft it names by its bytes (`eagle3.target_info.target_identity`).
+    draft_path: Optional[str] = run_field(None)
     num_steps: int = 3
     eagle_topk: int = 1
     num_draft_tokens: int = 4

@@ -79,6 +79,10 @@ def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
               "model": model, "format": FORMAT_VERSION}
     if _connect_mode(config):
         slice_["endpoints"] = {"speculative": list(config.server.urls), "baseline": list(config.bench.baseline_urls)}
+    elif config.server.speculative.draft_path is not None:
+        # A draft named by path is keyed by its bytes, as the target is: a draft retrained into the same
+        # directory is a new bench, not the old one's figures (the chain's own draft is keyed by its train input).
+        slice_["draft"] = target_identity(str(Path(config.server.speculative.draft_path).expanduser()))
     return slice_
 
 

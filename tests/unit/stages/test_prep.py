@@ -351,3 +351,20 @@ def test_cli_prep_needs_demo_data_then_reads_it(cli, tmp_path):
     assert all(r["id"].startswith("demo_prompts:") and r["track"] == "prompt_only" for r in rows)
     assert all({x["role"] for x in r["messages"]} <= {"system", "user"} for r in rows)
     assert all(r["meta"]["dropped_assistant_turns"] == r["meta"]["user_turns"] for r in rows)
+
+
+def test_a_demo_native_source_is_keyed_by_its_answering_target_not_where_it_lies(tmp_path):
+    """A checkout elsewhere (the demo target at another path) reuses the chain; another target does not."""
+    import shutil
+
+    from eagle3.paths import asset_path
+    from eagle3.stages.demo_data import DEMO_DATA
+
+    copy = tmp_path / "elsewhere" / "demo_target"
+    shutil.copytree(asset_path("demo_target"), copy)
+    here = compose_settings(["dataset=demo_native"])
+    there = compose_settings(["dataset=demo_native", f"dataset.sources.demo_native.answered_by={copy}"])
+    assert PREP.unit_config(there, "demo_native") == PREP.unit_config(here, "demo_native")
+    assert DEMO_DATA.unit_config(there, "demo_native") == DEMO_DATA.unit_config(here, "demo_native")
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"rms_norm_eps"', '"rms_norm_eps" '))
+    assert DEMO_DATA.unit_config(there, "demo_native") != DEMO_DATA.unit_config(here, "demo_native")
