@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle3.artifacts import Manifest, atomic_write_json, file_sha256, fingerprint  # noqa: E402
 from eagle3.config.schema import OptimizerConfig, TrainConfig  # noqa: E402
+from eagle3.threads import ONEDNN_PRIMITIVE_CACHE  # noqa: E402
 
 RUN_PY = REPO / "scripts" / "run.py"
 CHECK_SNIPPET = r"""
@@ -221,7 +222,10 @@ def train_speculators(root: Path, data: Path, info: dict, train_cfg: dict, seed:
            "--total-seq-len", str(train_cfg["batch_tokens"]), "--train-data-ratio", repr((info["n_train"] + 0.5) / n),
            "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--num-workers", "0",
            "--hidden-states-dtype", "bfloat16", "--seed", str(seed), "--no-resume-from-checkpoint"]
-    wall = run_logged(cmd, root, f"speculators_train_s{seed}", env={"WANDB_MODE": "disabled"})
+    # The oneDNN kernel cache eagle3's stages run with (eagle3.threads), so both recipes keep an epoch's kernels.
+    cache = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
+    wall = run_logged(cmd, root, f"speculators_train_s{seed}",
+                      env={"WANDB_MODE": "disabled", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": cache})
     result = {"wall_s": round(wall, 1),
               "train_tokens_per_s": round(info["train_tokens_per_epoch"] * epochs / wall, 1)}
     timing.write_text(json.dumps(result))

@@ -79,7 +79,9 @@ def _block_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, kd: to
     s0 = torch.matmul(q, k0.transpose(-1, -2)) * scale  # [B, Hkv, G, b, e]
     s0 = s0.masked_fill(~causal, float("-inf"))
     sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # [B, Hkv, G, b, S]
-    probs = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)
+    # In q's dtype: torch's bf16 softmax accumulates in float32 (CPU and CUDA), and casting the scores to
+    # float32 and back cost two passes over them in forward, recompute and backward.
+    probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)
     out = torch.matmul(probs[..., :e], v0)  # [B, Hkv, G, b, Dv]
     return out + (probs[..., e:].unsqueeze(-1) * vd).sum(-2)
 

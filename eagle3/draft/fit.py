@@ -63,9 +63,10 @@ def load_vocab_maps(d2t_file: Path, t2d_file: Path) -> tuple[torch.Tensor, torch
 def resolve_precision(precision: str, accelerator: str = "auto") -> str:
     """`auto` = bf16-mixed on a GPU and on a CPU that multiplies bf16 in hardware, else 32-true.
 
-    Mixed precision keeps fp32 weights, optimizer state and the KL's softmax; only the matmuls
-    run in bf16, as every GPU recipe trains EAGLE-3. On a CPU without bf16 units oneDNN emulates
-    them, slower than fp32, so those stay at 32-true.
+    Mixed precision keeps fp32 weights, optimizer state, the norms' statistics and the KL's softmax;
+    the matmuls, and the activations between them, are bf16 (`eagle3.draft.norm`), as every GPU recipe
+    trains EAGLE-3 and the engines serve it. On a CPU without bf16 units oneDNN emulates them,
+    slower than fp32, so those stay at 32-true.
     """
     if precision != AUTO_PRECISION:
         return precision
