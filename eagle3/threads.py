@@ -29,6 +29,11 @@ JOBLIB_LAUNCHER = "joblib"
 ONEDNN_PRIMITIVE_CACHE = 16384
 
 
+def onednn_cache_capacity() -> str:
+    """The oneDNN kernel-cache capacity a job (and a process it starts) runs with: the environment's, else ours."""
+    return os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
+
+
 def machine_cores() -> int:
     """Cores this process may run on (the affinity mask, e.g. a container's cpuset), at least 1."""
     try:
@@ -68,7 +73,7 @@ def configure_job_threads(requested: Optional[int], launcher: Optional[Mapping[s
     """
     import torch
 
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = onednn_cache_capacity()
     cores = machine_cores()
     jobs = concurrent_jobs(launcher, multirun, cores)
     threads = job_threads(requested, jobs, cores)

@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle3.artifacts import Manifest, atomic_write_json, file_sha256, fingerprint  # noqa: E402
 from eagle3.config.schema import OptimizerConfig, TrainConfig  # noqa: E402
-from eagle3.threads import ONEDNN_PRIMITIVE_CACHE  # noqa: E402
+from eagle3.threads import onednn_cache_capacity  # noqa: E402
 
 RUN_PY = REPO / "scripts" / "run.py"
 CHECK_SNIPPET = r"""
@@ -223,9 +223,8 @@ def train_speculators(root: Path, data: Path, info: dict, train_cfg: dict, seed:
            "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--num-workers", "0",
            "--hidden-states-dtype", "bfloat16", "--seed", str(seed), "--no-resume-from-checkpoint"]
     # The oneDNN kernel cache eagle3's stages run with (eagle3.threads), so both recipes keep an epoch's kernels.
-    cache = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE))
     wall = run_logged(cmd, root, f"speculators_train_s{seed}",
-                      env={"WANDB_MODE": "disabled", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": cache})
+                      env={"WANDB_MODE": "disabled", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": onednn_cache_capacity()})
     result = {"wall_s": round(wall, 1),
               "train_tokens_per_s": round(info["train_tokens_per_epoch"] * epochs / wall, 1)}
     timing.write_text(json.dumps(result))

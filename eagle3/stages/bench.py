@@ -82,7 +82,7 @@ def _unit_config(config: Eagle3Config, unit: str) -> dict[str, Any]:
     elif config.server.speculative.draft_path is not None:
         # A draft named by path is keyed by its bytes, as the target is: a draft retrained into the same
         # directory is a new bench, not the old one's figures (the chain's own draft is keyed by its train input).
-        slice_["draft"] = target_identity(str(Path(config.server.speculative.draft_path).expanduser()))
+        slice_["draft"] = target_identity(config.server.speculative.draft_path)
     return slice_
 
 
