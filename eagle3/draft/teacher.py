@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle3.draft.teacher_head import TeacherHead
+from eagle3.draft.teacher_head import TeacherHead, without_autocast
 
 
 @dataclass
@@ -100,16 +100,17 @@ def teacher_targets(final: torch.Tensor, head: torch.Tensor | TeacherHead, draft
     where = needed.reshape(-1).nonzero().squeeze(1)  # [N] flat positions
     flat = final.reshape(-1, hidden)[where]
     probs, argmax = [], []
-    for start in range(0, flat.shape[0], chunk_tokens):
-        chunk = flat[start:start + chunk_tokens]
-        if renormalise:
-            logits, best = split.draft_logits(chunk)  # [n, Vd], [n]
-            probs.append(torch.softmax(logits, dim=-1))
-        else:
-            full = chunk.float() @ split.full.T  # [n, V]
-            best = split.draft_id_of(full.argmax(-1))
-            probs.append(torch.softmax(full, dim=-1)[:, split.draft_ids])
-        argmax.append(best)
+    with without_autocast(final.device):  # float32 under a bf16-mixed training_step too
+        for start in range(0, flat.shape[0], chunk_tokens):
+            chunk = flat[start:start + chunk_tokens]
+            if renormalise:
+                logits, best = split.draft_logits(chunk)  # [n, Vd], [n]
+                probs.append(torch.softmax(logits, dim=-1))
+            else:
+                full = chunk.float() @ split.full.T  # [n, V]
+                best = split.draft_id_of(full.argmax(-1))
+                probs.append(torch.softmax(full, dim=-1)[:, split.draft_ids])
+            argmax.append(best)
     dense_argmax = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
     row_of = torch.full((bsz * seq,), -1, dtype=torch.long, device=final.device)
     if len(where):

@@ -28,6 +28,16 @@ _BF16_UNIT_ROUNDOFF = torch.finfo(torch.bfloat16).eps / 2  # 2^-8: round to near
 _FP32_EPS = torch.finfo(torch.float32).eps
 
 
+def without_autocast(device: torch.device) -> torch.autocast:
+    """A region where autocast is off: the teacher's products stay float32 (or the screen's explicit bf16).
+
+    Lightning's `bf16-mixed` runs training_step, and so the teacher, under bf16 autocast, which would
+    round its logits to 8 significant bits (the probabilities off by a few percent near the top, the
+    argmax flipped at near ties) and cast the whole `[V, H]` head to bf16 on every batch.
+    """
+    return torch.autocast(device.type, enabled=False)
+
+
 def bf16_matmul_is_fast(device: torch.device) -> bool:
     """Whether a bfloat16 product beats float32 on `device`: tensor cores, or AVX512-BF16/AMX on a CPU.
 
@@ -97,7 +107,10 @@ class TeacherHead:
 
         `states` `[n, H]`: final hidden states, any float dtype.
         """
-        x = states.float()
+        with without_autocast(states.device):
+            return self._draft_logits(states.float())
+
+    def _draft_logits(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.out_of_vocab is None and len(self.draft_ids) < self.vocab_size:  # unscreened: one float32 product
             full = x @ self.full.T  # [n, V]
             return full[:, self.draft_ids], self.draft_id_of(full.argmax(-1))
@@ -152,4 +165,4 @@ class TeacherHead:
         return self.draft_id_of(torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.long, device=x.device)
 
 
-__all__ = ["TeacherHead", "bf16_matmul_is_fast"]
+__all__ = ["TeacherHead", "bf16_matmul_is_fast", "without_autocast"]

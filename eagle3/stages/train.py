@@ -37,8 +37,9 @@ from eagle3.stages.vocab import D2T_FILE, T2D_FILE, VOCAB
 log = logging.getLogger("eagle3")
 EXPORT_DIR = "draft"
 METRICS_FILE = "train_metrics.json"
-# 2: the slice is the schema's fingerprint of `train` and `model.draft` (eagle3.config.slices)
-FORMAT_VERSION = 2
+# 2: the slice is the schema's fingerprint of `train` and `model.draft` (eagle3.config.slices);
+# 3: the teacher stays float32 under bf16-mixed autocast (earlier units learned a bf16-rounded teacher)
+FORMAT_VERSION = 3
 ONLINE_URLS_FILE = "online_servers.json"  # rank 0's state server, for ranks a launcher starts apart
 
 

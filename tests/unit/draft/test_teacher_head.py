@@ -85,6 +85,26 @@ def test_teacher_targets_takes_a_split_head_or_a_plain_one_alike():
         teacher_targets(final, TeacherHead.build(head, draft_ids[:-1]), draft_ids)
 
 
+@pytest.mark.parametrize("screen", [True, False])
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_the_teacher_stays_float32_inside_a_bf16_autocast_region(screen, renormalise):
+    """Lightning's bf16-mixed runs training_step under autocast: the teacher must not follow it to bf16
+    (its logits would round at ~2^-9 relative, the probabilities by a few percent, the argmax flip)."""
+    states, head, draft_ids = near_ties(0)
+    final = states.view(4, 16, HIDDEN)
+    split = TeacherHead.build(head, draft_ids, screen=screen)
+    plain = teacher_targets(final, split if renormalise else head, draft_ids, renormalise=renormalise)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = teacher_targets(final, split if renormalise else head, draft_ids, renormalise=renormalise)
+        logits, argmax = split.draft_logits(states)
+    assert inside.probs.dtype == torch.float32 and logits.dtype == torch.float32
+    assert torch.equal(plain.argmax, inside.argmax)
+    torch.testing.assert_close(plain.probs, inside.probs, rtol=5e-5, atol=1e-7)
+    probs_ref, argmax_ref = naive(states, head, draft_ids)
+    assert torch.equal(argmax, argmax_ref)
+    torch.testing.assert_close(torch.softmax(logits, -1), probs_ref, rtol=1e-4, atol=1e-5)
+
+
 def test_a_draft_vocab_that_is_the_whole_vocab_needs_no_screen():
     states, head, _ = near_ties(1)
     every = torch.arange(VOCAB)
