@@ -184,6 +184,62 @@ def _loss_terms(draft: Eagle3Draft, state: torch.Tensor, probs: torch.Tensor, ro
     return _SoftTargetLoss.apply(logits, probs, rows, neg_entropy, weight, loss, want_alpha)
 
 
+@dataclass
+class _StepRows:
+    """One TTT step's counted predictions, waiting for the draft head and the loss.
+
+    The head is off the recurrence (step k+1 reads step k's state, not its logits), so the steps'
+    rows can go through it together after the last step: one `[sum N_k, H] x [H, Vd]` product and
+    one weight gradient instead of K of each plus K-1 accumulations of a `[Vd, H]` gradient.
+    """
+
+    step: int
+    b_idx: torch.Tensor  # [N] the predictions that count
+    t_idx: torch.Tensor
+    target: torch.Tensor  # [N] the teacher's argmax as a draft id, -1 outside the draft vocab
+    weight: torch.Tensor  # [N] bool: in the loss
+    count: torch.Tensor  # () predictions that count
+    state: torch.Tensor  # [N, H]
+    teacher: Teacher
+    rows: torch.Tensor  # [N] teacher row of each prediction
+    keep: bool  # logits kept for backward (within the budget); False: recomputed (checkpoint)
+    terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # row loss, argmax, alpha
+
+
+def _evaluate(group: list[_StepRows], draft: Eagle3Draft, loss: str, want_alpha: bool) -> None:
+    """Head and loss over `group` (steps sharing a teacher), in one call; fills each step's `terms`."""
+    teacher = group[0].teacher
+    neg_entropy = teacher.neg_entropy
+    assert neg_entropy is not None  # set by Teacher.__post_init__
+    cat = (lambda parts: parts[0]) if len(group) == 1 else torch.cat
+    args = (draft, cat([r.state for r in group]), teacher.probs, cat([r.rows for r in group]), neg_entropy,
+            cat([r.weight for r in group]).float(), loss, want_alpha)
+    if group[0].keep or not torch.is_grad_enabled():
+        terms = _loss_terms(*args)
+    else:
+        terms = checkpoint(_loss_terms, *args, use_reentrant=False)
+    sizes = [len(r.rows) for r in group]
+    for r, row_loss, pred, alpha in zip(group, *(t.split(sizes) for t in terms), strict=True):
+        r.terms = (row_loss, pred, alpha)
+
+
+def _evaluate_pending(pending: list[_StepRows], draft: Eagle3Draft, loss: str, want_alpha: bool) -> None:
+    """Steps whose logits are kept and that share a teacher go through the head together; others one by one.
+
+    lk blends by its step's mean alpha, so its steps stay apart; a step past the logits budget
+    recomputes its own logits in backward (as one checkpoint each, to bound memory as before).
+    """
+    waiting = [r for r in pending if r.terms is None]
+    together: dict[int, list[_StepRows]] = {}
+    for r in waiting:
+        if r.keep and loss != LOSS_LK:
+            together.setdefault(id(r.teacher), []).append(r)
+        else:
+            _evaluate([r], draft, loss, want_alpha)
+    for group in together.values():
+        _evaluate(group, draft, loss, want_alpha)
+
+
 def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 lengths: torch.Tensor, teacher: Teacher, *, steps: int, decay: float, out_of_vocab: str,
                 block_size: int, logits_budget_bytes: float = float("inf"), loss: str = LOSS_KL,
@@ -196,7 +252,9 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     prompts and padding cost the decoder layer, not the head that dominates a step at a 32K draft
     vocab. Each step's logits are kept for its backward while the steps' total stays within
     `logits_budget_bytes`; past it a step recomputes them in backward (activation checkpointing),
-    which costs one more head product but bounds memory at any batch size.
+    which costs one more head product but bounds memory at any batch size. The kept steps go
+    through the head together after the last step (`_StepRows`), except under on_policy chains,
+    where step k+1 needs step k's drafted tokens first.
 
     Args:
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
@@ -235,9 +293,7 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     kept_bytes = 0.0
     bytes_per_logit = 2 if torch.is_autocast_enabled(device.type) else 4
 
-    losses, step_loss, correct, counted, loss_tokens, chain_correct = [], [], [], [], [], []
-    chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
-    grad = torch.is_grad_enabled()
+    pending: list[_StepRows] = []
     for k in range(steps):
         shift = 1 + k  # token read at t is t+shift; predicted token is j = t+shift+1
         span = seq - shift  # positions t with an input token
@@ -262,35 +318,39 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
             count = count & on_chain.started[:, :span]
         b_idx, t_idx = count.nonzero(as_tuple=True)  # [N] the predictions that count
         target = step_teacher.argmax[b_idx, t_idx + shift]  # [N]
-        rows = step_teacher.row_of[b_idx, t_idx + shift]
         weight = (target >= 0) if out_of_vocab == OOV_MASK else torch.ones_like(target, dtype=torch.bool)
         if on_policy is not None:
             weight = weight & on_policy.keep(b_idx, t_idx)
-        neg_entropy = step_teacher.neg_entropy
-        assert neg_entropy is not None  # set by Teacher.__post_init__
-        args = (draft, state[b_idx, t_idx], step_teacher.probs, rows, neg_entropy, weight.float(), loss, dpace)
         step_bytes = len(b_idx) * draft.geometry.draft_vocab_size * bytes_per_logit
-        if grad and kept_bytes + step_bytes > logits_budget_bytes:
-            row_loss, pred, alpha = checkpoint(_loss_terms, *args, use_reentrant=False)
-        else:
-            row_loss, pred, alpha = _loss_terms(*args)
-            kept_bytes += step_bytes if grad else 0
-        n_loss = weight.sum()
+        keep = kept_bytes + step_bytes <= logits_budget_bytes  # (in eval: logits that exist at once)
+        kept_bytes += step_bytes if keep else 0
+        pending.append(_StepRows(k, b_idx, t_idx, target, weight, count.sum(), state[b_idx, t_idx], step_teacher,
+                                 step_teacher.row_of[b_idx, t_idx + shift], keep))
+        if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
+            _evaluate_pending(pending, draft, loss, dpace)
+            pred = pending[-1].terms[1]  # type: ignore[index]
+            on_policy.advance(b_idx, t_idx, draft_ids[pred] == input_ids[b_idx, t_idx + shift + 1])
+        hidden = draft.carry(state)
+    _evaluate_pending(pending, draft, loss, dpace)
+
+    losses, step_loss, correct, counted, loss_tokens, chain_correct = [], [], [], [], [], []
+    chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
+    for r in pending:
+        assert r.terms is not None
+        row_loss, pred, alpha = r.terms
+        n_loss = r.weight.sum()
         loss_k = row_loss.sum() / n_loss.clamp(min=1)
         if dpace:
-            chains.append((b_idx, t_idx, row_loss, alpha * weight))
+            chains.append((r.b_idx, r.t_idx, row_loss, alpha * r.weight))
         else:
-            losses.append(loss_k * decay ** k)
+            losses.append(loss_k * decay ** r.step)
         step_loss.append(loss_k.detach())
-        hit = pred == target
+        hit = pred == r.target
         correct.append(hit.sum())
-        agreeing.advance(b_idx, t_idx, hit)
-        chain_correct.append(agreeing.keep(b_idx, t_idx).sum())
-        if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
-            on_policy.advance(b_idx, t_idx, draft_ids[pred] == input_ids[b_idx, t_idx + shift + 1])
-        counted.append(count.sum())
+        agreeing.advance(r.b_idx, r.t_idx, hit)
+        chain_correct.append(agreeing.keep(r.b_idx, r.t_idx).sum())
+        counted.append(r.count)
         loss_tokens.append(n_loss)
-        hidden = draft.carry(state)
     if dpace and chains:
         losses = dpace_losses(chains, bsz, seq, dpace_smoothing)
     return TTTOutput(loss=torch.stack(losses).sum(), step_loss=torch.stack(step_loss),

@@ -345,6 +345,38 @@ def test_recomputing_logits_past_the_memory_budget_gives_the_same_gradients():
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(recomputed, kept))
 
 
+@pytest.mark.parametrize("loss, step_weights", [("kl", "decay"), ("kl", "dpace"), ("tv", "decay"),
+                                                 ("jsd", "decay"), ("nla", "dpace"), ("lk", "decay")])
+def test_the_steps_head_together_equals_one_head_product_per_step(loss, step_weights, monkeypatch):
+    """Within the logits budget the steps' rows go through the draft head in one product: the loss, every
+    metric and every gradient equal those of one head product per step (a zero budget, checkpointed
+    step by step). lk keeps one per step: its blend reads the step's own mean alpha."""
+    import eagle3.draft.ttt as ttt_module
+
+    draft, head = tiny_draft(13)
+    batch = _padded_batch(9)
+    teacher = teacher_targets(batch[4], head, draft.draft_ids())
+    calls: list[int] = []
+    real = ttt_module._loss_terms
+
+    def counting(d, state, *rest):
+        calls.append(state.shape[0])
+        return real(d, state, *rest)
+
+    monkeypatch.setattr(ttt_module, "_loss_terms", counting)
+    kw = dict(loss=loss, step_weights=step_weights)
+    together_out, together = _loss_and_grads(draft, batch, teacher, **kw)
+    together_calls = list(calls)
+    calls.clear()
+    apart_out, apart = _loss_and_grads(draft, batch, teacher, logits_budget_bytes=0, **kw)
+    assert together_calls == ([sum(calls[:4])] if loss != "lk" else calls[:4])  # backward's recompute after
+    assert together_out.loss.item() == pytest.approx(apart_out.loss.item(), rel=1e-6)
+    for field in ("step_loss", "correct", "counted", "loss_tokens", "chain_correct"):
+        assert getattr(together_out, field).tolist() == pytest.approx(getattr(apart_out, field).tolist(), rel=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(together, apart, strict=True))
+    assert max(float(g.abs().max()) for g in together) > 0
+
+
 @pytest.mark.parametrize("in_vocab_mass", [1.0, 0.7])
 def test_closed_form_kl_gradient_matches_autograd_through_log_softmax(in_vocab_mass, monkeypatch):
     """The fused KL's value and logit gradient against autograd of the textbook formula, for a
@@ -498,6 +530,10 @@ def test_dpace_loss_matches_a_per_chain_reference():
     finally:
         ttt_module._loss_terms = real
     assert again.loss.item() == pytest.approx(out.loss.item())
+    sizes = again.counted.tolist()  # the steps' rows go through the head together: split them per step
+    captured = [tuple(zip(*(t.split(sizes) for t in parts), strict=True)) for parts in captured]
+    captured = [step for parts in captured for step in parts]
+    assert [len(c[2]) for c in captured] == sizes
     # step k's row reads the teacher at p = t + 1 + k: its chain start (b, t) follows from the teacher row
     where = {int(r): (b, pos) for (b, pos), r in zip(torch.nonzero(teacher.row_of >= 0).tolist(),
                                                      teacher.row_of[teacher.row_of >= 0].tolist(), strict=True)}
