@@ -203,6 +203,7 @@ class _StepRows:
     teacher: Teacher
     rows: torch.Tensor  # [N] teacher row of each prediction
     keep: bool  # logits kept for backward (within the budget); False: recomputed (checkpoint)
+    logit_bytes: float  # its logits' bytes (and its kept gradient's)
     terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # row loss, argmax, alpha
 
 
@@ -223,20 +224,29 @@ def _evaluate(group: list[_StepRows], draft: Eagle3Draft, loss: str, want_alpha:
         r.terms = (row_loss, pred, alpha)
 
 
-def _evaluate_pending(pending: list[_StepRows], draft: Eagle3Draft, loss: str, want_alpha: bool) -> None:
+def _evaluate_pending(pending: list[_StepRows], draft: Eagle3Draft, loss: str, want_alpha: bool,
+                      budget_bytes: float) -> None:
     """Steps whose logits are kept and that share a teacher go through the head together; others one by one.
 
     lk blends by its step's mean alpha, so its steps stay apart; a step past the logits budget
-    recomputes its own logits in backward (as one checkpoint each, to bound memory as before).
+    recomputes its own logits in backward (as one checkpoint each, to bound memory as before). A
+    group's logits exist beside the kept gradients while its loss runs, so groups are cut to what
+    the budget leaves over (at least one step): the peak stays what one step at a time reached.
     """
     waiting = [r for r in pending if r.terms is None]
-    together: dict[int, list[_StepRows]] = {}
+    kept = [r for r in waiting if r.keep and loss != LOSS_LK]
     for r in waiting:
-        if r.keep and loss != LOSS_LK:
-            together.setdefault(id(r.teacher), []).append(r)
-        else:
+        if not (r.keep and loss != LOSS_LK):
             _evaluate([r], draft, loss, want_alpha)
-    for group in together.values():
+    held = sum(r.logit_bytes for r in kept) if torch.is_grad_enabled() else 0.0  # gradients kept for backward
+    room = max(budget_bytes - held, max((r.logit_bytes for r in kept), default=0.0))
+    group: list[_StepRows] = []
+    for r in kept:
+        if group and (r.teacher is not group[0].teacher or sum(g.logit_bytes for g in group) + r.logit_bytes > room):
+            _evaluate(group, draft, loss, want_alpha)
+            group = []
+        group.append(r)
+    if group:
         _evaluate(group, draft, loss, want_alpha)
 
 
@@ -253,8 +263,9 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
     vocab. Each step's logits are kept for its backward while the steps' total stays within
     `logits_budget_bytes`; past it a step recomputes them in backward (activation checkpointing),
     which costs one more head product but bounds memory at any batch size. The kept steps go
-    through the head together after the last step (`_StepRows`), except under on_policy chains,
-    where step k+1 needs step k's drafted tokens first.
+    through the head together after the last step (`_StepRows`), in as few groups as the budget
+    leaves room for beside the kept gradients, except under on_policy chains, where step k+1
+    needs step k's drafted tokens first.
 
     Args:
         aux: `[B, T, C*H_t]` captured target states. input_ids / loss_mask: `[B, T]`.
@@ -325,13 +336,13 @@ def ttt_forward(draft: Eagle3Draft, aux: torch.Tensor, input_ids: torch.Tensor, 
         keep = kept_bytes + step_bytes <= logits_budget_bytes  # (in eval: logits that exist at once)
         kept_bytes += step_bytes if keep else 0
         pending.append(_StepRows(k, b_idx, t_idx, target, weight, count.sum(), state[b_idx, t_idx], step_teacher,
-                                 step_teacher.row_of[b_idx, t_idx + shift], keep))
+                                 step_teacher.row_of[b_idx, t_idx + shift], keep, step_bytes))
         if on_policy is not None:  # the token drafted here is the one step k+1 reads: t + shift + 1
-            _evaluate_pending(pending, draft, loss, dpace)
+            _evaluate_pending(pending, draft, loss, dpace, logits_budget_bytes)
             pred = pending[-1].terms[1]  # type: ignore[index]
             on_policy.advance(b_idx, t_idx, draft_ids[pred] == input_ids[b_idx, t_idx + shift + 1])
         hidden = draft.carry(state)
-    _evaluate_pending(pending, draft, loss, dpace)
+    _evaluate_pending(pending, draft, loss, dpace, logits_budget_bytes)
 
     losses, step_loss, correct, counted, loss_tokens, chain_correct = [], [], [], [], [], []
     chains: list[tuple[torch.Tensor, ...]] = []  # dpace: per step, (b, t, row losses, alpha) of its rows
