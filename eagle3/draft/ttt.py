@@ -233,19 +233,22 @@ def _evaluate_pending(pending: list[_StepRows], draft: Eagle3Draft, loss: str, w
     group's logits exist beside the kept gradients while its loss runs, so groups are cut to what
     the budget leaves over (at least one step): the peak stays what one step at a time reached.
     """
-    waiting = [r for r in pending if r.terms is None]
-    kept = [r for r in waiting if r.keep and loss != LOSS_LK]
-    for r in waiting:
-        if not (r.keep and loss != LOSS_LK):
+    kept: list[_StepRows] = []
+    for r in pending:
+        if r.terms is None and r.keep and loss != LOSS_LK:
+            kept.append(r)
+        elif r.terms is None:
             _evaluate([r], draft, loss, want_alpha)
     held = sum(r.logit_bytes for r in kept) if torch.is_grad_enabled() else 0.0  # gradients kept for backward
     room = max(budget_bytes - held, max((r.logit_bytes for r in kept), default=0.0))
     group: list[_StepRows] = []
+    group_bytes = 0.0
     for r in kept:
-        if group and (r.teacher is not group[0].teacher or sum(g.logit_bytes for g in group) + r.logit_bytes > room):
+        if group and (r.teacher is not group[0].teacher or group_bytes + r.logit_bytes > room):
             _evaluate(group, draft, loss, want_alpha)
-            group = []
+            group, group_bytes = [], 0.0
         group.append(r)
+        group_bytes += r.logit_bytes
     if group:
         _evaluate(group, draft, loss, want_alpha)
 
